@@ -1,0 +1,1 @@
+"""The data path: shards -> epoch plan -> stream -> DataLoader (see DESIGN.md)."""

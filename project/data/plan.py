@@ -1,0 +1,141 @@
+"""The epoch plan: which samples each rank and DataLoader worker reads this epoch, and from where.
+
+A pure function of (shard sizes, epoch, seed, world size, rank, workers, batch size): no torch, no I/O.
+Every guarantee of the data path is decided here, so each is testable without processes:
+
+- training: the shard order is shuffled anew each epoch (from seed and epoch) and laid end to end as one
+  stream of samples; each rank takes an equal, contiguous run of whole batches from it, and each worker
+  an equal (±1 batch) run of the rank's. Ranks and workers may start and stop mid-shard. Fewer than
+  world_size × batch_size samples are dropped, and no sample is read twice.
+- evaluation: the shards in index order, split so that every sample is read exactly once in total,
+  with at most one partial batch per rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from project.errors import UserError
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Samples [start, stop) of shard number `shard` (its position in the shard list)."""
+
+    shard: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What one DataLoader worker of one rank reads this epoch, in order, and how it batches it."""
+
+    segments: tuple[Segment, ...]
+    batch_size: int
+    shuffle_seed: int | None  # None: keep the stored order (evaluation)
+
+    @property
+    def nsamples(self) -> int:
+        return sum(len(segment) for segment in self.segments)
+
+    @property
+    def nbatches(self) -> int:
+        return -(-self.nsamples // self.batch_size)
+
+
+def split_evenly(total: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(total) into `parts` contiguous ranges whose sizes differ by at most one."""
+    size, extra = divmod(total, parts)
+    bounds, start = [], 0
+    for part in range(parts):
+        stop = start + size + (1 if part < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def shard_order(nshards: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """The order shards are read in: a fresh permutation each epoch, reproducible from (seed, epoch)."""
+    if not shuffle:
+        return list(range(nshards))
+    return np.random.default_rng([seed, epoch]).permutation(nshards).tolist()
+
+
+def slice_stream(counts: Sequence[int], order: Sequence[int], begin: int, end: int) -> tuple[Segment, ...]:
+    """Segments covering positions [begin, end) of the stream made by reading shards in `order`."""
+    segments, position = [], 0
+    for shard in order:
+        low, high = max(begin, position), min(end, position + counts[shard])
+        if low < high:
+            segments.append(Segment(shard, low - position, high - position))
+        position += counts[shard]
+        if position >= end:
+            break
+    return tuple(segments)
+
+
+def _check(counts: Sequence[int], world_size: int, rank: int, num_workers: int, batch_size: int) -> int:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+    if num_workers < 1 or batch_size < 1:
+        raise ValueError(f"num_workers ({num_workers}) and batch_size ({batch_size}) must be at least 1")
+    if any(count < 0 for count in counts):
+        raise ValueError("shard sizes must not be negative")
+    return sum(counts)
+
+
+def train_plan(
+    counts: Sequence[int],
+    *,
+    epoch: int,
+    seed: int,
+    world_size: int,
+    rank: int,
+    num_workers: int,
+    batch_size: int,
+) -> list[WorkerPlan]:
+    """One plan per worker of `rank` for a training epoch; every rank gets the same number of batches."""
+    total = _check(counts, world_size, rank, num_workers, batch_size)
+    batches_per_rank = total // (world_size * batch_size)
+    if batches_per_rank == 0:
+        raise UserError(
+            f"the training split has {total} samples, fewer than one global batch "
+            f"(world size {world_size} × batch_size {batch_size}); lower data.batch_size"
+        )
+    order = shard_order(len(counts), seed, epoch, shuffle=True)
+    rank_start = rank * batches_per_rank * batch_size
+    plans = []
+    for worker, (first, last) in enumerate(split_evenly(batches_per_rank, num_workers)):
+        begin, end = rank_start + first * batch_size, rank_start + last * batch_size
+        # one seed per (epoch, rank, worker): buffers shuffle differently but reproducibly everywhere
+        shuffle_seed = int(np.random.default_rng([seed, epoch, rank, worker]).integers(2**63))
+        plans.append(WorkerPlan(slice_stream(counts, order, begin, end), batch_size, shuffle_seed))
+    return plans
+
+
+def eval_plan(
+    counts: Sequence[int], *, world_size: int, rank: int, num_workers: int, batch_size: int
+) -> list[WorkerPlan]:
+    """One plan per worker of `rank` for validation or test: every sample exactly once in total."""
+    _check(counts, world_size, rank, num_workers, batch_size)
+    order = shard_order(len(counts), 0, 0, shuffle=False)
+    rank_begin, rank_end = split_evenly(sum(counts), world_size)[rank]
+    nbatches = -(-(rank_end - rank_begin) // batch_size)
+    plans = []
+    for first, last in split_evenly(nbatches, num_workers):
+        begin = rank_begin + first * batch_size
+        end = min(rank_begin + last * batch_size, rank_end)
+        plans.append(WorkerPlan(slice_stream(counts, order, begin, end), batch_size, None))
+    return plans
+
+
+def total_batches(plans: Sequence[WorkerPlan]) -> int:
+    """Batches one rank yields in an epoch: what `len(dataloader)` reports."""
+    return sum(plan.nbatches for plan in plans)

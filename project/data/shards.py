@@ -1,0 +1,235 @@
+"""Resolve a data spec (folder, shard index, glob, brace pattern, URL or list) into shards with counts.
+
+Pure apart from reading the index file and checking that local shards exist: no torch, no processes.
+The shard index is the wids format that webdataset's own tools write, plus our `classes` key:
+
+    {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "train",
+     "shardlist": [{"url": "train-000000.tar", "nsamples": 1000, "filesize": 123456}, ...],
+     "classes": ["circle", "ring", ...]}
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+import braceexpand
+
+from project.errors import ShardError, UserError
+
+INDEX_NAME = "shardindex.json"
+INDEX_KIND = "wids-shard-index-v1"
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One tar shard: where it is and how many samples (distinct keys) it holds."""
+
+    url: str
+    nsamples: int
+    filesize: int | None = None
+
+
+@dataclass
+class ShardIndex:
+    """An ordered list of shards, with the class names when the index records them."""
+
+    shards: list[Shard]
+    classes: list[str] | None = None
+    name: str | None = None
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def nsamples(self) -> int:
+        return sum(shard.nsamples for shard in self.shards)
+
+
+def is_remote(url: str) -> bool:
+    """True for URLs that webdataset's gopen opens (http, s3 via pipe, ...), False for local paths."""
+    if url.startswith("pipe:"):
+        return True
+    scheme = urlparse(url).scheme
+    return len(scheme) > 1 and scheme != "file"
+
+
+def local_path(url: str) -> str:
+    return urlparse(url).path if url.startswith("file:") else url
+
+
+def _resolve_url(url: str, base: str) -> str:
+    """Resolve a shard url from an index against the index's own folder (or URL)."""
+    if is_remote(url) or os.path.isabs(local_path(url)):
+        return url
+    if is_remote(base):
+        return urljoin(base, url)
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(local_path(base))), url))
+
+
+def _read_text(url: str) -> str:
+    if is_remote(url):
+        from webdataset.gopen import gopen  # imported lazily: it pulls in torch
+
+        with gopen(url, "rb") as stream:
+            return stream.read().decode("utf-8")
+    return Path(local_path(url)).read_text(encoding="utf-8")
+
+
+def read_index(url: str, check_exists: bool = True) -> ShardIndex:
+    """Read a shard index file (local path or URL); relative shard urls resolve against its folder."""
+    try:
+        text = _read_text(url)
+    except FileNotFoundError:
+        raise UserError(f"shard index not found: {url}") from None
+    except OSError as error:
+        raise UserError(f"cannot read shard index {url}: {error}") from None
+    try:
+        data = json.loads(text)
+        entries = data["shardlist"]
+        shards = [
+            Shard(_resolve_url(str(e["url"]), url), int(e["nsamples"]), e.get("filesize")) for e in entries
+        ]
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{url} is not a shard index ({INDEX_KIND} with a 'shardlist'): {error!r}") from None
+    if check_exists:
+        for shard in shards:
+            if not is_remote(shard.url) and not os.path.exists(local_path(shard.url)):
+                raise ShardError(f"shard index {url} names a missing shard: {shard.url}")
+    known = {"__kind__", "wids_version", "name", "shardlist", "classes"}
+    extra = {key: value for key, value in data.items() if key not in known}
+    return ShardIndex(shards, data.get("classes"), data.get("name"), url, extra)
+
+
+def write_index(
+    path: str | Path,
+    shards: Sequence[Shard],
+    classes: Sequence[str] | None = None,
+    name: str | None = None,
+    extra: dict | None = None,
+) -> Path:
+    """Write a shard index atomically; shard urls inside the index's folder are stored relative to it."""
+    path = Path(path)
+    folder = path.parent.resolve()
+
+    def relative(url: str) -> str:
+        if is_remote(url):
+            return url
+        absolute = Path(local_path(url)).resolve()
+        return os.path.relpath(absolute, folder) if absolute.is_relative_to(folder) else str(absolute)
+
+    data = {
+        "__kind__": INDEX_KIND,
+        "wids_version": 1,
+        "name": name or folder.name,
+        "shardlist": [
+            {"url": relative(s.url), "nsamples": s.nsamples, "filesize": s.filesize} for s in shards
+        ],
+    }
+    if classes is not None:
+        data["classes"] = list(classes)
+    data.update(extra or {})
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(temporary, path)  # a reader never sees a half-written index
+    return path
+
+
+def _expand(pattern: str) -> list[str]:
+    """Brace-expand, then glob each part (sorted), keeping literal paths as they are."""
+    urls: list[str] = []
+    for part in braceexpand.braceexpand(pattern):
+        if not is_remote(part) and re.search(r"[*?\[]", part):
+            urls.extend(sorted(glob.glob(part)))
+        else:
+            urls.append(part)
+    return urls
+
+
+def _counts_from_sibling_indexes(paths: list[str]) -> dict[str, Shard]:
+    """Counts for local shards from a shardindex.json in their folder, if one is there."""
+    known: dict[str, Shard] = {}
+    for folder in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
+        index_path = os.path.join(folder, INDEX_NAME)
+        if os.path.exists(index_path):
+            for shard in read_index(index_path, check_exists=False).shards:
+                known[os.path.abspath(shard.url)] = shard
+    return known
+
+
+def _resolve_pattern(pattern: str, count: Callable[[str], int]) -> ShardIndex:
+    urls = _expand(pattern)
+    if not urls:
+        raise UserError(f"no shards match {pattern!r}")
+    return _resolve_paths(urls, pattern, count)
+
+
+def _resolve_paths(urls: list[str], pattern: str, count: Callable[[str], int]) -> ShardIndex:
+    if any(is_remote(url) for url in urls):
+        raise UserError(
+            f"remote shards need a shard index to know their sizes: pass the URL of its {INDEX_NAME} "
+            f"instead of {pattern!r}"
+        )
+    missing = [url for url in urls if not os.path.isfile(local_path(url))]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ShardError(f"shard not found: {missing[0]}{more}")
+    known = _counts_from_sibling_indexes(urls)
+    shards = []
+    for url in urls:
+        absolute = os.path.abspath(local_path(url))
+        shard = known.get(absolute)
+        shards.append(shard if shard else Shard(absolute, count(absolute), os.path.getsize(absolute)))
+    classes = None
+    for folder in sorted({os.path.dirname(os.path.abspath(u)) for u in urls}):
+        if os.path.exists(os.path.join(folder, INDEX_NAME)):
+            classes = classes or read_index(os.path.join(folder, INDEX_NAME), check_exists=False).classes
+    return ShardIndex(shards, classes, source=pattern)
+
+
+def _resolve_one(spec: str, count: Callable[[str], int]) -> ShardIndex:
+    spec = os.path.expanduser(spec)
+    if spec.endswith(".json"):
+        return read_index(spec)
+    if is_remote(spec):
+        return _resolve_pattern(spec, count)
+    if os.path.isdir(spec):
+        if os.path.exists(os.path.join(spec, INDEX_NAME)):
+            return read_index(os.path.join(spec, INDEX_NAME))
+        tars = sorted(p for p in glob.glob(os.path.join(spec, "*")) if p.endswith(SHARD_SUFFIXES))
+        if not tars:
+            raise UserError(f"no shards in {spec}: expected a {INDEX_NAME} or .tar files, found neither")
+        return _resolve_paths(tars, spec, count)
+    if not re.search(r"[*?\[{]", spec) and not os.path.exists(spec):
+        raise UserError(f"data path not found: {spec}")
+    return _resolve_pattern(spec, count)
+
+
+def resolve_shards(spec: str | Sequence[str], count: Callable[[str], int] | None = None) -> ShardIndex:
+    """Turn a data spec into a `ShardIndex`.
+
+    Args:
+        spec: a folder holding a shard index (or tar files), a shard index file, a glob
+            (``data/train/*.tar``), a brace pattern (``shard-{000000..000099}.tar``), a URL of a shard
+            index, or a list of any of these.
+        count: counts the samples of a local shard that no shard index describes (a tar header scan).
+    """
+    if count is None:
+        from project.data.index import count_samples as count  # lazily: only needed without an index
+
+    specs = [spec] if isinstance(spec, str) else list(spec)
+    if not specs:
+        raise UserError("empty data spec: expected a folder, shard index, glob, brace pattern or URL")
+    parts = [_resolve_one(str(s), count) for s in specs]
+    shards = [shard for part in parts for shard in part.shards]
+    if not shards:
+        raise UserError(f"no shards in {spec}")
+    classes = next((part.classes for part in parts if part.classes), None)
+    name = parts[0].name if len(parts) == 1 else None
+    return ShardIndex(shards, classes, name, source=", ".join(specs))

@@ -1,0 +1,47 @@
+"""User-facing errors: one clear line, exit code 2, no traceback.
+
+A `UserError` is a mistake a user can fix (a path, a URL, a config value, a corrupt shard). Bugs raise
+ordinary exceptions and keep their tracebacks.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+
+class UserError(Exception):
+    """A mistake in the user's input; printed as one line and the process exits with code 2."""
+
+
+class ShardError(UserError):
+    """A shard that cannot be found, opened or read, or that disagrees with its shard index."""
+
+
+def one_line(error: BaseException) -> str:
+    """The user-facing line of an error, also when a DataLoader worker re-raised it.
+
+    torch re-raises a worker's exception as the same class with the worker's traceback in the message,
+    ending with ``module.Class: original message``; the original message is what the user needs.
+    """
+    text = str(error).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return text
+    last = lines[-1].strip()
+    prefix = f"{type(error).__module__}.{type(error).__qualname__}: "
+    return last[len(prefix) :] if last.startswith(prefix) else last
+
+
+def exit_with(error: UserError) -> NoReturn:
+    print(f"error: {one_line(error)}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run_main(main: Callable[[], object]) -> None:
+    """Run an entry point, turning a `UserError` into one line on stderr and exit code 2."""
+    try:
+        main()
+    except UserError as error:
+        exit_with(error)
