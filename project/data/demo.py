@@ -70,7 +70,7 @@ POLYGONS = {
 def _shape_mask(name: str, size: int, rng: np.random.Generator) -> np.ndarray:
     """A float mask in [0, 1] of one randomly placed, scaled and rotated shape."""
     big = size * OVERSAMPLE
-    radius = rng.uniform(0.16, 0.42) * big
+    radius = rng.uniform(0.2, 0.42) * big
     cx, cy = (rng.uniform(radius * 0.8, big - radius * 0.8) for _ in range(2))
     angle = rng.uniform(0, 2 * math.pi)
     mask = Image.new("L", (big, big), 0)
@@ -110,7 +110,7 @@ def draw_sample(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
         colour = rng.uniform(0, 255, 3)
     mask = _shape_mask(CLASSES[label], size, rng)
     image = background * (1 - mask) + colour * mask
-    image += rng.normal(0, rng.uniform(6, 22), image.shape)
+    image += rng.normal(0, rng.uniform(4, 18), image.shape)
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
@@ -145,7 +145,10 @@ def write_shard(job: ShardJob) -> Shard:
     from webdataset import TarWriter  # imported here: webdataset pulls in torch, workers pay it once
 
     temporary = f"{job.path}.tmp"
-    with open(temporary, "wb") as stream, TarWriter(stream, encoder=False) as writer:
+    with (
+        open(temporary, "wb") as stream,
+        TarWriter(stream, encoder=False, mtime=0) as writer,
+    ):  # mtime: same bytes per seed
         for sample in _samples(job):
             writer.write(sample)
     os.replace(temporary, job.path)

@@ -154,6 +154,10 @@ class ShardStream(IterableDataset):
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         worker = info.id if info is not None else 0
+        if (info.num_workers if info is not None else 1) != self.num_workers:
+            raise RuntimeError(
+                f"ShardStream planned for {self.num_workers} workers, runs in a different count"
+            )
         plan = self.plans()[worker]
         if info is not None and plan.shuffle_seed is not None:
             # augmentation randomness from the plan, not the process: reproducible per (epoch, rank, worker)

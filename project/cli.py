@@ -1,0 +1,100 @@
+"""What train, evaluate and tune share: the LightningCLI with our default config, argument links and
+the demo-data bootstrap."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from project.data.datamodule import ShardDataModule
+from project.data.demo import demo_is_complete, make_demo
+from project.models.classifier import ImageClassifier
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+DEMO_ROOT = Path("data/demo")
+
+# Lightning's hints for datasets that do not plan their own split per rank and worker; ours do.
+warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
+warnings.filterwarnings("ignore", message=".*`isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+
+
+class ProjectCLI(LightningCLI):
+    """LightningCLI over ImageClassifier and ShardDataModule, with configs/default.yaml loaded first.
+
+    Args:
+        args: command-line arguments (default: sys.argv[1:]).
+        extra_config_files: config files applied after default.yaml and before `--config` files.
+        **kwargs: passed on to LightningCLI.
+    """
+
+    def __init__(
+        self, args: list[str] | None = None, extra_config_files: list[str] = (), **kwargs: Any
+    ) -> None:
+        if not DEFAULT_CONFIG.exists():
+            raise FileNotFoundError(f"default config missing: {DEFAULT_CONFIG}")
+        parser_kwargs = {"default_config_files": [str(DEFAULT_CONFIG), *extra_config_files]}
+        parser_kwargs.update(kwargs.pop("parser_kwargs", {}))
+        super().__init__(
+            ImageClassifier,
+            ShardDataModule,
+            run=False,
+            args=args,
+            parser_kwargs=parser_kwargs,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,  # the model's configure_optimizers reads its own arguments
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="Checkpoint to resume from (fit) or to evaluate.",
+        )
+        # num_classes and class names come from the shard index: typed once, never twice
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.classes", "model.class_names", apply_on="instantiate")
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        # a rich progress bar with totals, unless the user turned the bar off (a configured
+        # RichProgressBar would make enable_progress_bar=false an error)
+        if config.get("enable_progress_bar") is not False:
+            callbacks = [*callbacks, RichProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
+
+    def before_instantiate_classes(self) -> None:
+        data = self.config.data
+        uses_demo = data.root and not (data.train or data.val or data.test)
+        if uses_demo and Path(data.root).resolve() == DEMO_ROOT.resolve():
+            ensure_demo(DEMO_ROOT)
+
+
+def ensure_demo(root: Path) -> None:
+    """Build the demo data if it is missing; in a multi-process launch, local rank zero builds it."""
+    if demo_is_complete(root):
+        return
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        while not demo_is_complete(root):
+            time.sleep(1)
+        return
+    print(f"demo data not found in {root}: building it now (once, about 15 s)", file=sys.stderr)
+    make_demo(root)
+
+
+def print_run_folder(trainer: Any) -> None:
+    """Tell the user where the run went and how to watch it (once, from rank zero)."""
+    if trainer.log_dir is None or not trainer.is_global_zero:
+        return
+    run = Path(trainer.log_dir)
+    print(f"\nrun folder: {run}\nwatch it:   tensorboard --logdir {run.parents[1]}")

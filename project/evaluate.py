@@ -1,0 +1,64 @@
+"""Evaluate one checkpoint on one split.
+
+    python -m project.evaluate --ckpt_path PATH [--split val|test] [--config FILE]... [--section.key V]...
+
+The run's own config.yaml (next to its checkpoints/ folder) is loaded after configs/default.yaml, so the
+model and data are built as they were trained. The metrics are printed as a table, then as one JSON
+object on the last line, for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+from lightning.pytorch.cli import LightningArgumentParser
+
+from project.cli import ProjectCLI
+from project.errors import UserError, run_main
+
+
+class EvaluateCLI(ProjectCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument(
+            "--split", type=Literal["val", "test"], default="test", help="The split to evaluate."
+        )
+
+
+def run_config(ckpt_path: Path) -> list[str]:
+    """The config.yaml of the run a checkpoint belongs to (logs/<exp>/version_N/checkpoints/x.ckpt)."""
+    config = ckpt_path.resolve().parent.parent / "config.yaml"
+    return [str(config)] if config.exists() else []
+
+
+def main(args: list[str] | None = None) -> dict[str, float]:
+    args = list(sys.argv[1:] if args is None else args)
+    # the checkpoint decides which run config to load, so it is read before the full parse
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--ckpt_path")
+    early.add_argument("-h", "--help", action="store_true")
+    early.add_argument("--print_config", nargs="?", const=True)
+    known, _ = early.parse_known_args(args)
+    extra: list[str] = []
+    if not (known.help or known.print_config):
+        if known.ckpt_path is None:
+            raise UserError("--ckpt_path is required: the checkpoint to evaluate")
+        if not Path(known.ckpt_path).is_file():
+            raise UserError(f"checkpoint not found: {known.ckpt_path}")
+        extra = run_config(Path(known.ckpt_path))
+    # no logger: evaluating must not add a version folder beside the run it evaluates
+    cli = EvaluateCLI(args=["--trainer.logger", "false", *args], extra_config_files=extra)
+    run = cli.trainer.validate if cli.config.split == "val" else cli.trainer.test
+    results = run(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    metrics = {key: float(value) for result in results for key, value in result.items()}
+    if cli.trainer.is_global_zero:
+        print(json.dumps(metrics, sort_keys=True))
+    return metrics
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,27 @@
+"""Train, then test the best checkpoint.
+
+    python -m project.train [--config FILE]... [--section.key VALUE]... [--ckpt_path PATH]
+
+configs/default.yaml is always loaded first; `--print_config` shows the resolved configuration and
+`--help` documents every option.
+"""
+
+from __future__ import annotations
+
+from project.cli import ProjectCLI, print_run_folder
+from project.errors import run_main
+
+
+def main(args: list[str] | None = None) -> None:
+    cli = ProjectCLI(args=args)
+    trainer, model, datamodule = cli.trainer, cli.model, cli.datamodule
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cli.config.ckpt_path)
+    if trainer.interrupted:
+        return
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)
+    print_run_folder(trainer)
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,87 @@
+"""Fixtures: tiny shards written into tmp_path, so every test makes its own data."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from webdataset import TarWriter
+
+from project.data.demo import make_demo
+from project.data.shards import INDEX_NAME, Shard, write_index
+
+REPO = Path(__file__).resolve().parent.parent
+CLASSES = ["zero", "one", "two"]
+
+
+def jpeg(value: int, size: int = 8) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((size, size, 3), value % 256, dtype=np.uint8)).save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def write_shards(
+    folder: Path,
+    sizes: Sequence[int],
+    *,
+    prefix: str = "shard",
+    index: bool = True,
+    extra_members: dict[str, bytes] | None = None,
+) -> list[str]:
+    """Shards of `sizes` samples with keys `{prefix}{shard}_{i}`, labels i % 3; returns every key."""
+    folder.mkdir(parents=True, exist_ok=True)
+    keys, shards = [], []
+    for number, size in enumerate(sizes):
+        path = folder / f"{prefix}-{number:06d}.tar"
+        with TarWriter(str(path), encoder=False) as writer:
+            for i in range(size):
+                key = f"{prefix}{number}_{i:05d}"
+                sample = {"__key__": key, "jpg": jpeg(i), "cls": str(i % 3).encode()}
+                sample.update(extra_members or {})
+                writer.write(sample)
+                keys.append(key)
+        shards.append(Shard(str(path), size, path.stat().st_size))
+    if index:
+        write_index(folder / INDEX_NAME, shards, CLASSES, name=folder.name)
+    return keys
+
+
+@pytest.fixture
+def shard_folder(tmp_path: Path):
+    """A factory: shard_folder(sizes, name="train") -> (folder, keys)."""
+
+    def make(sizes: Sequence[int], name: str = "train", **kwargs) -> tuple[Path, list[str]]:
+        folder = tmp_path / name
+        return folder, write_shards(folder, sizes, prefix=name, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small demo dataset (train 600, val 130, test 150, 16 px), shared by the CLI tests."""
+    root = tmp_path_factory.mktemp("demo")
+    make_demo(root, train=600, val=130, test=150, image_size=16, samples_per_shard=100, workers=1, quiet=True)
+    return root
+
+
+def run_module(
+    module: str, *args: str, cwd: Path | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
+    """Run `python -m module args` as a user would, capturing its output."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )

@@ -1,0 +1,128 @@
+"""End to end through the command line, as a user runs it: train, evaluate, print_config, help, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from .conftest import run_module
+
+pytestmark = pytest.mark.slow
+
+
+def small_run(root: Path, *extra: str) -> list[str]:
+    return [
+        f"--data.root={root}",
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        *extra,
+    ]
+
+
+def assert_user_error(result, *fragments: str) -> None:
+    """Exit code 2, one line on stderr that names the problem, no traceback."""
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, lines[-5:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def test_fast_dev_run(tiny_demo, tmp_path):
+    result = run_module("project.train", *small_run(tiny_demo, "--trainer.fast_dev_run=true"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test/acc" in result.stdout
+
+
+def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metric(tiny_demo, tmp_path):
+    args = small_run(tiny_demo, "--trainer.max_epochs=2", "--trainer.limit_train_batches=5")
+    result = run_module("project.train", *args, "--trainer.logger.init_args.name=short", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "logs" / "short" / "version_0"
+    assert {p.name for p in (run / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["data"]["root"] == str(tiny_demo) and config["model"]["num_classes"] == 10
+    events = EventAccumulator(str(run))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/loss", "test/acc"} <= scalars
+    assert len(events.Scalars("val/acc")) == 2  # one per epoch
+    test_acc = events.Scalars("test/acc")[-1].value
+    assert f"run folder: logs{Path('/')}short{Path('/')}version_0" in result.stdout + result.stderr
+
+    evaluated = run_module("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}",
+                           "--split=test", "--trainer.enable_progress_bar=false", cwd=tmp_path)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    assert metrics["test/acc"] == pytest.approx(test_acc, abs=1e-6)
+    assert not (tmp_path / "logs" / "short" / "version_1").exists(), "evaluate made a new run folder"
+
+
+def test_training_builds_the_missing_demo_data_first(tmp_path):
+    args = ["--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false", "--data.num_workers=0"]
+    result = run_module("project.train", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "demo data not found in data/demo: building it" in result.stderr
+    for split in ("train", "val", "test"):
+        assert (tmp_path / "data" / "demo" / split / "shardindex.json").exists()
+
+
+def test_print_config_shows_the_resolved_defaults_from_any_directory(tmp_path):
+    result = run_module("project.train", "--print_config", "--data.batch_size=7", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load(result.stdout)
+    assert config["data"]["batch_size"] == 7 and config["data"]["root"] == "data/demo"
+    assert config["model"]["backbone"] == "small_cnn"
+    assert config["trainer"]["logger"]["init_args"]["save_dir"] == "logs"
+
+
+def test_help_documents_options_from_docstrings():
+    result = run_module("project.train", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "encoded training samples held in the shuffle buffer" in text
+    assert "peak learning rate" in text
+    assert "--ckpt_path" in text
+
+
+def test_data_path_matching_no_shards(tmp_path):
+    result = run_module("project.train", "--data.root=nowhere", cwd=tmp_path)
+    assert_user_error(result, "data path not found", "nowhere")
+
+
+def test_index_naming_a_missing_shard(tiny_demo, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(tiny_demo, root)
+    (root / "val" / "val-000001.tar").unlink()
+    result = run_module("project.train", *small_run(root), cwd=tmp_path)
+    assert_user_error(result, "names a missing shard", "val-000001.tar")
+
+
+def test_unreadable_shard_in_a_worker(tiny_demo, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(tiny_demo, root)
+    (root / "val" / "val-000000.tar").write_bytes(b"\x00garbage" * 2000)
+    result = run_module("project.train", *small_run(root, "--data.num_workers=2"), cwd=tmp_path)
+    assert_user_error(result, "cannot read shard", "val-000000.tar")
+
+
+def test_misspelled_config_key(tmp_path):
+    result = run_module("project.train", "--model.widht=3", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "widht" in result.stderr
+
+
+def test_evaluate_needs_an_existing_checkpoint(tmp_path):
+    assert_user_error(run_module("project.evaluate", cwd=tmp_path), "--ckpt_path is required")
+    result = run_module("project.evaluate", "--ckpt_path=missing.ckpt", cwd=tmp_path)
+    assert_user_error(result, "checkpoint not found: missing.ckpt")

@@ -1,0 +1,89 @@
+"""Safe decoding: labels from .cls/.txt/.json, arrays without pickle, and the pickle probe."""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import pickle
+
+import numpy as np
+import pytest
+
+from project.data.datamodule import EpochLoader
+from project.data.decode import DecodeError, decode_label, decode_sample
+from project.data.pipeline import ShardStream
+from project.data.shards import resolve_shards
+from project.data.transforms import build_transform
+
+from .conftest import jpeg
+
+
+class TouchOnLoad:
+    """Unpickling this creates `path`: the file is the evidence that a pickle ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.path),)
+
+
+def test_the_probe_is_live(tmp_path):
+    evidence = tmp_path / "control"
+    pickle.loads(pickle.dumps(TouchOnLoad(str(evidence))))
+    assert evidence.exists(), "the probe would not detect unpickling"
+
+
+def test_planted_pickles_are_never_loaded(tmp_path, shard_folder):
+    evidence = tmp_path / "pickle-ran"
+    payload = pickle.dumps(TouchOnLoad(str(evidence)))
+    members = {"pyd": payload, "pickle": payload, "pth": payload, "pkl": payload}
+    folder, keys = shard_folder([5, 4], name="val", extra_members=members)
+    stream = ShardStream(resolve_shards(str(folder)).shards, train=False, batch_size=3,
+                         transform=build_transform("none", 8, train=False))  # fmt: skip
+    seen = [key for batch in EpochLoader(stream, None, num_workers=2) for key in batch["key"]]
+    assert sorted(seen) == sorted(keys)  # the samples were read, with their pickles beside them
+    assert not evidence.exists(), "a pickle member was unpickled"
+
+
+def test_labels_from_cls_txt_and_json():
+    assert decode_label({"cls": b" 3\n"}) == 3
+    assert decode_label({"txt": b"7"}) == 7
+    assert decode_label({"txt": b"two"}, classes=["zero", "one", "two"]) == 2
+    assert decode_label({"json": json.dumps({"label": 4}).encode()}) == 4
+    assert decode_label({"json": json.dumps({"class": "one"}).encode()}, classes=["zero", "one"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        ({"jpg": jpeg(1)}, "no label member"),
+        ({"cls": b"1"}, "no image member"),
+        ({"jpg": jpeg(1), "txt": b"seven"}, "neither an integer nor a known class"),
+        ({"jpg": b"\xff\xd8garbage", "cls": b"1"}, "cannot identify image|cannot decode"),
+    ],
+)
+def test_bad_samples_are_named(sample, message):
+    with pytest.raises(DecodeError, match=f"sample 'k' in shard s.tar.*({message})|{message}"):
+        decode_sample({"__key__": "k", "__url__": "s.tar", **sample})
+
+
+def test_npy_arrays_load_and_object_arrays_are_refused():
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros((4, 4, 3), dtype=np.uint8))
+    image, label = decode_sample({"__key__": "k", "npy": buffer.getvalue(), "cls": b"2"})
+    assert image.shape == (4, 4, 3) and label == 2
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DecodeError, match="pickle"):
+        decode_sample({"__key__": "k", "npy": buffer.getvalue(), "cls": b"2"})
+
+
+def test_jpeg_decodes_at_reduced_scale_when_much_larger_than_needed():
+    from project.data.decode import decode_image
+
+    big = jpeg(100, size=256)
+    assert decode_image(big).size == (256, 256)
+    assert decode_image(big, size=32).size == (32, 32)  # draft mode: 1/8 scale
+    assert decode_image(big, size=100).size == (128, 128)  # never below the requested size

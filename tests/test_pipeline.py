@@ -1,0 +1,136 @@
+"""The stream through a real DataLoader: exactly-once evaluation, duplicate-free and reproducible
+training epochs, bounded buffers, and clear errors for bad shards."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from project.data.datamodule import EpochLoader
+from project.data.decode import DecodeError
+from project.data.pipeline import ShardStream, read_samples, shuffled
+from project.data.shards import resolve_shards
+from project.data.transforms import build_transform
+from project.errors import ShardError
+
+
+def stream_for(folder, *, train, batch_size=4, num_workers=0, world_size=1, rank=0, **kwargs) -> ShardStream:
+    stream = ShardStream(
+        resolve_shards(str(folder)).shards,
+        train=train,
+        batch_size=batch_size,
+        transform=build_transform("light" if train else "none", 8, train=train),
+        num_workers=num_workers,
+        shuffle_buffer=kwargs.pop("shuffle_buffer", 16),
+        **kwargs,
+    )
+    stream.set_topology(world_size, rank)
+    return stream
+
+
+def epoch_batches(stream: ShardStream, num_workers: int, epoch: int = 0) -> list[dict]:
+    stream.set_epoch(epoch)
+    loader = EpochLoader(stream, None, num_workers=num_workers)
+    batches = list(loader)
+    assert len(batches) == len(loader), "len(dataloader) disagrees with the batches it yields"
+    return batches
+
+
+def keys_of(batches: list[dict]) -> list[str]:
+    return [key for batch in batches for key in batch["key"]]
+
+
+def test_read_samples_starts_and_stops_mid_shard(shard_folder):
+    folder, keys = shard_folder([9])
+    url = str(folder / "train-000000.tar")
+    assert [s["__key__"] for s in read_samples(url, 2, 5)] == keys[2:5]
+    assert [s["__key__"] for s in read_samples(url, 7)] == keys[7:]
+    sample = next(read_samples(url, 3, 4))
+    assert set(sample) == {"__key__", "__url__", "jpg", "cls"}
+    assert set(next(read_samples(url, extensions=frozenset()))) == {"__key__", "__url__"}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+def test_evaluation_sees_every_sample_exactly_once(shard_folder, world_size, num_workers):
+    folder, keys = shard_folder([7, 2, 9], name="val")  # 18 samples: divides by neither 4 nor 3 ranks x 4
+    seen = Counter()
+    for rank in range(world_size):
+        stream = stream_for(folder, train=False, num_workers=num_workers, world_size=world_size, rank=rank)
+        seen.update(keys_of(epoch_batches(stream, num_workers)))
+    assert set(seen) == set(keys) and set(seen.values()) == {1}
+
+
+def test_training_epochs_never_repeat_change_order_and_reproduce(shard_folder):
+    folder, keys = shard_folder([10, 7, 13, 6])  # 36 samples
+    epochs = {}
+    for epoch in (0, 1):
+        batches = epoch_batches(stream_for(folder, train=True, num_workers=2, seed=5), 2, epoch)
+        epochs[epoch] = keys_of(batches)
+        assert len(epochs[epoch]) == len(set(epochs[epoch])) == 36  # 36 = 9 full batches of 4
+        assert all(len(b["key"]) == 4 for b in batches)
+    assert epochs[0] != epochs[1]
+    again = epoch_batches(stream_for(folder, train=True, num_workers=2, seed=5), 2, 0)
+    assert keys_of(again) == epochs[0]
+    first = epoch_batches(stream_for(folder, train=True, num_workers=2, seed=5), 2, 0)[0]
+    assert torch.equal(first["image"], again[0]["image"]), "augmentation is not reproducible"
+    other_seed = keys_of(epoch_batches(stream_for(folder, train=True, num_workers=2, seed=6), 2, 0))
+    assert other_seed != epochs[0]
+
+
+def test_training_ranks_get_equal_batches_and_disjoint_samples(shard_folder):
+    folder, keys = shard_folder([5, 11, 3])  # 19 samples, 2 ranks x batch 4: 2 batches each, 3 dropped
+    per_rank = [
+        epoch_batches(stream_for(folder, train=True, num_workers=2, world_size=2, rank=rank), 2)
+        for rank in range(2)
+    ]
+    assert [len(b) for b in per_rank] == [2, 2]
+    seen = keys_of(per_rank[0]) + keys_of(per_rank[1])
+    assert len(seen) == len(set(seen)) == 16
+
+
+def test_batches_are_uint8_images_with_int64_labels(shard_folder):
+    folder, _ = shard_folder([6])
+    batch = epoch_batches(stream_for(folder, train=False), 0)[0]
+    assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (4, 3, 8, 8)
+    assert batch["label"].dtype == torch.int64 and batch["label"].tolist() == [0, 1, 2, 0]
+
+
+def test_shuffle_buffer_holds_at_most_its_size():
+    pulled = 0
+
+    def source():
+        nonlocal pulled
+        for i in range(100):
+            pulled += 1
+            yield i
+
+    held, out = [], []
+    for item in shuffled(source(), 8, random.Random(0)):
+        out.append(item)
+        held.append(pulled - len(out))
+    assert max(held) < 8 and sorted(out) == list(range(100)) and out != list(range(100))
+
+
+def test_stale_index_is_a_clear_error(shard_folder):
+    folder, _ = shard_folder([4, 4], name="val")
+    index = folder / "shardindex.json"
+    index.write_text(index.read_text().replace('"nsamples": 4', '"nsamples": 6', 1))
+    with pytest.raises(ShardError, match="holds 4 samples, but its shard index says 6"):
+        epoch_batches(stream_for(folder, train=False), 0)
+
+
+def test_unreadable_shard_is_a_clear_error(shard_folder):
+    folder, _ = shard_folder([4, 4], name="val")
+    (folder / "val-000001.tar").write_bytes(b"this is not a tar file" * 100)
+    with pytest.raises(ShardError, match="cannot read shard .*val-000001.tar"):
+        epoch_batches(stream_for(folder, train=False), 0)
+
+
+def test_undecodable_image_names_the_sample_and_shard(shard_folder):
+    folder, _ = shard_folder([3], name="val", extra_members={"jpg": b"not a jpeg"})
+    with pytest.raises(DecodeError, match="cannot decode sample 'val0_00000' in shard .*val-000000.tar"):
+        epoch_batches(stream_for(folder, train=False), 0)
