@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -51,7 +52,9 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
     run = tmp_path / "logs" / "short" / "version_0"
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config["data"]["root"] == str(tiny_demo) and config["model"]["num_classes"] == 10
+    assert config["data"]["root"] == str(tiny_demo) and "num_classes" not in config["model"]  # linked
+    hparams = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams["num_classes"] == 10 and hparams["class_names"][0] == "circle"
     events = EventAccumulator(str(run))
     events.Reload()
     scalars = set(events.Tags()["scalars"])
