@@ -134,3 +134,25 @@ def test_undecodable_image_names_the_sample_and_shard(shard_folder):
     folder, _ = shard_folder([3], name="val", extra_members={"jpg": b"not a jpeg"})
     with pytest.raises(DecodeError, match="cannot decode sample 'val0_00000' in shard .*val-000000.tar"):
         epoch_batches(stream_for(folder, train=False), 0)
+
+
+def test_shards_stream_from_a_url_through_their_remote_index(shard_folder, tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    folder, keys = shard_folder([5, 3], name="val")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/val/shardindex.json"
+        index = resolve_shards(url)
+        assert index.shards[0].url == f"http://127.0.0.1:{server.server_port}/val/val-000000.tar"
+        stream = ShardStream(
+            index.shards, train=False, batch_size=4, transform=build_transform("none", 8, False)
+        )
+        assert sorted(keys_of(epoch_batches(stream, 2))) == sorted(keys)
+    finally:
+        server.shutdown()

@@ -144,7 +144,7 @@ def write_shard(job: ShardJob) -> Shard:
     """Write one shard (to a temporary name, renamed when complete) and return its index entry."""
     from webdataset import TarWriter  # imported here: webdataset pulls in torch, workers pay it once
 
-    temporary = f"{job.path}.tmp"
+    temporary = f"{job.path}.{os.getpid()}.tmp"  # concurrent writers (one per node) never collide
     with (
         open(temporary, "wb") as stream,
         TarWriter(stream, encoder=False, mtime=0) as writer,

@@ -135,7 +135,7 @@ def write_index(
     if classes is not None:
         data["classes"] = list(classes)
     data.update(extra or {})
-    temporary = path.with_name(f".{path.name}.tmp")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(temporary, path)  # a reader never sees a half-written index
     return path
@@ -152,15 +152,17 @@ def _expand(pattern: str) -> list[str]:
     return urls
 
 
-def _counts_from_sibling_indexes(paths: list[str]) -> dict[str, Shard]:
-    """Counts for local shards from a shardindex.json in their folder, if one is there."""
+def _sibling_indexes(paths: list[str]) -> tuple[dict[str, Shard], list[str] | None]:
+    """Counts (and class names) for local shards from a shardindex.json in their folders, if any."""
     known: dict[str, Shard] = {}
+    classes = None
     for folder in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
         index_path = os.path.join(folder, INDEX_NAME)
         if os.path.exists(index_path):
-            for shard in read_index(index_path, check_exists=False).shards:
-                known[os.path.abspath(shard.url)] = shard
-    return known
+            index = read_index(index_path, check_exists=False)
+            known.update((os.path.abspath(shard.url), shard) for shard in index.shards)
+            classes = classes or index.classes
+    return known, classes
 
 
 def _resolve_pattern(pattern: str, count: Callable[[str], int]) -> ShardIndex:
@@ -180,16 +182,12 @@ def _resolve_paths(urls: list[str], pattern: str, count: Callable[[str], int]) -
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ShardError(f"shard not found: {missing[0]}{more}")
-    known = _counts_from_sibling_indexes(urls)
+    known, classes = _sibling_indexes(urls)
     shards = []
     for url in urls:
         absolute = os.path.abspath(local_path(url))
         shard = known.get(absolute)
         shards.append(shard if shard else Shard(absolute, count(absolute), os.path.getsize(absolute)))
-    classes = None
-    for folder in sorted({os.path.dirname(os.path.abspath(u)) for u in urls}):
-        if os.path.exists(os.path.join(folder, INDEX_NAME)):
-            classes = classes or read_index(os.path.join(folder, INDEX_NAME), check_exists=False).classes
     return ShardIndex(shards, classes, source=pattern)
 
 
