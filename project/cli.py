@@ -94,7 +94,9 @@ def ensure_demo(root: Path) -> None:
 
 def print_run_folder(trainer: Any) -> None:
     """Tell the user where the run went and how to watch it (once, from rank zero)."""
-    if trainer.log_dir is None or not trainer.is_global_zero:
+    # the logger's own log_dir, not trainer.log_dir: that one is a collective call, made here by rank 0 only
+    log_dir = getattr(trainer.logger, "log_dir", None)
+    if not trainer.is_global_zero or log_dir is None:
         return
-    run = Path(trainer.log_dir)
+    run = Path(log_dir)
     print(f"\nrun folder: {run}\nwatch it:   tensorboard --logdir {run.parents[1]}")

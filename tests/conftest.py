@@ -76,7 +76,8 @@ def run_module(
     module: str, *args: str, cwd: Path | None = None, timeout: int = 300
 ) -> subprocess.CompletedProcess:
     """Run `python -m module args` as a user would, capturing its output."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # PYTHONPATH: subprocesses can load test-only callbacks from tests/helpers.py
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd or REPO,

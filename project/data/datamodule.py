@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from project.data.pipeline import ShardStream
@@ -119,6 +120,19 @@ class ShardDataModule(L.LightningDataModule):
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        if stage != "fit" or trainer is None:
+            return
+        accumulate = trainer.accumulate_grad_batches
+        global_batch = self.batch_size * trainer.num_devices * trainer.num_nodes * accumulate
+        rank_zero_info(
+            f"global batch: {self.batch_size} per device × {trainer.num_devices} device(s) × "
+            f"{trainer.num_nodes} node(s) × {accumulate} accumulation step(s) = {global_batch} samples"
+        )
+        # logged with the other hyperparameters (save_hyperparameters fixes what the logger sees)
+        self.save_hyperparameters({**self.hparams, "global_batch_size": global_batch})
 
     def _stream(self, split: str) -> ShardStream:
         train = split == "train"

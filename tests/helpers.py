@@ -1,0 +1,46 @@
+"""A callback for tests that run the CLI in subprocesses: it records, per rank, the keys of every batch."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from lightning.pytorch import Callback
+
+
+class RecordBatches(Callback):
+    """Writes {stage: {epoch: [[keys of batch 0], ...]}} to `folder`/rank<global rank>.json at teardown."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seen: dict = defaultdict(lambda: defaultdict(list))
+
+    def _record(self, trainer, stage: str, batch: dict) -> None:
+        if not trainer.sanity_checking:
+            self.seen[stage][trainer.current_epoch].append(list(batch["key"]))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._record(trainer, "train", batch)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._record(trainer, "val", batch)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._record(trainer, "test", batch)
+
+    def teardown(self, trainer, pl_module, stage):
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"rank{trainer.global_rank}-pid{os.getpid()}.json"
+        path.write_text(json.dumps(self.seen))
+
+
+def load_records(folder: Path) -> dict[int, dict]:
+    """{global rank: {stage: {epoch: [[keys], ...]}}}, merging the files a rank wrote."""
+    merged: dict[int, dict] = {}
+    for path in sorted(folder.glob("rank*.json")):
+        rank = int(path.name[4:].split("-")[0])
+        for stage, epochs in json.loads(path.read_text()).items():
+            merged.setdefault(rank, {}).setdefault(stage, {}).update(epochs)
+    return merged

@@ -1,0 +1,167 @@
+"""DDP on CPU with gloo, through the real command line: equal batches per rank, disjoint training data,
+exactly-once evaluation, metrics equal to a single process's, and one run folder written by rank zero."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from project.data.demo import make_demo
+from project.data.pipeline import read_samples
+from project.data.shards import resolve_shards
+
+from .conftest import REPO, run_module
+from .helpers import load_records
+
+pytestmark = pytest.mark.slow
+BATCH = 16
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def recorder(folder: Path) -> str:
+    callback = {"class_path": "tests.helpers.RecordBatches", "init_args": {"folder": str(folder)}}
+    return f"--trainer.callbacks+={json.dumps(callback)}"
+
+
+def all_keys(folder: Path) -> list[str]:
+    return [s["__key__"] for shard in resolve_shards(str(folder)).shards for s in read_samples(shard.url)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """3 uneven training shards (100, 100, 50); val and test of 75 samples: odd, so ranks differ by one."""
+    root = tmp_path_factory.mktemp("ddpdata")
+    make_demo(root, train=250, val=75, test=75, image_size=16, samples_per_shard=100, workers=1, quiet=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ddp_run(data, tmp_path_factory):
+    """One 2-process DDP training run through the CLI, 2 DataLoader workers per rank, 2 epochs."""
+    cwd = tmp_path_factory.mktemp("ddprun")
+    args = [
+        *("--config", str(REPO / "configs/trainer/ddp_cpu.yaml")),
+        *(
+            f"--data.root={data}",
+            "--data.image_size=16",
+            f"--data.batch_size={BATCH}",
+            "--data.num_workers=2",
+        ),
+        *("--trainer.max_epochs=2", *QUIET, recorder(cwd / "records")),
+    ]
+    result = run_module("project.train", *args, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return cwd, result, load_records(cwd / "records")
+
+
+def test_every_rank_runs_the_same_batches_on_disjoint_samples(ddp_run, data):
+    _, _, records = ddp_run
+    assert sorted(records) == [0, 1]
+    train_keys = set(all_keys(data / "train"))
+    orders = []
+    for epoch in ("0", "1"):
+        batches = {rank: records[rank]["train"][epoch] for rank in (0, 1)}
+        assert len(batches[0]) == len(batches[1]) == 250 // (2 * BATCH)  # 7 each
+        seen = [key for rank in (0, 1) for batch in batches[rank] for key in batch]
+        assert len(seen) == len(set(seen)) and set(seen) <= train_keys
+        assert len(train_keys) - len(seen) < 2 * BATCH
+        orders.append(seen)
+    assert orders[0] != orders[1], "the same order in two epochs"
+
+
+def test_validation_and_test_see_every_sample_exactly_once_across_ranks(ddp_run, data):
+    _, _, records = ddp_run
+    for stage, split in (("val", "val"), ("test", "test")):
+        for epoch in records[0][stage]:
+            seen = Counter(k for rank in (0, 1) for batch in records[rank][stage][epoch] for k in batch)
+            assert set(seen) == set(all_keys(data / split)) and set(seen.values()) == {1}, (stage, epoch)
+
+
+def test_one_run_folder_written_once_by_rank_zero(ddp_run):
+    cwd, result, _ = ddp_run
+    assert [p.name for p in (cwd / "logs" / "demo").iterdir()] == ["version_0"]
+    run = cwd / "logs" / "demo" / "version_0"
+    assert (run / "config.yaml").exists() and (run / "checkpoints" / "best.ckpt").exists()
+    output = result.stdout + result.stderr
+    assert output.count("run folder:") == 1
+    assert output.count(f"global batch: {BATCH} per device × 2 device(s) × 1 node(s)") == 1
+    assert yaml.safe_load((run / "hparams.yaml").read_text())["global_batch_size"] == 2 * BATCH
+
+
+def test_test_metrics_on_two_processes_equal_one_process(ddp_run):
+    cwd, _, _ = ddp_run
+    ckpt = cwd / "logs" / "demo" / "version_0" / "checkpoints" / "best.ckpt"
+    metrics = {}
+    for name, extra in (("single", []), ("ddp", ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")])):
+        result = run_module("project.evaluate", f"--ckpt_path={ckpt}", *extra, "--data.num_workers=2", *QUIET,
+                            cwd=cwd)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-4000:]
+        metrics[name] = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("test/acc", "test/loss"):
+        assert metrics["ddp"][key] == pytest.approx(metrics["single"][key], abs=1e-6)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_node_torchrun_on_localhost_reads_disjoint_data(data, tmp_path):
+    port = free_port()
+    args = [
+        *(
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            "--trainer.num_nodes=2",
+            "--trainer.strategy=ddp",
+        ),
+        *(
+            f"--data.root={data}",
+            "--data.image_size=16",
+            f"--data.batch_size={BATCH}",
+            "--data.num_workers=1",
+        ),
+        *("--trainer.max_epochs=1", *QUIET, recorder(tmp_path / "records")),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={rank}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                "-m",
+                "project.train",
+                *args,
+            ],  # fmt: skip
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    records = load_records(tmp_path / "records")
+    batches = {rank: records[rank]["train"]["0"] for rank in (0, 1)}
+    assert len(batches[0]) == len(batches[1]) == 250 // (2 * BATCH)
+    keys = [set(k for batch in batches[rank] for k in batch) for rank in (0, 1)]
+    assert not keys[0] & keys[1] and len(keys[0]) == len(keys[1]) == 7 * BATCH
+    assert [p.name for p in (tmp_path / "logs" / "demo").iterdir()] == ["version_0"]
+    assert sum(output.count("run folder:") for output in outputs) == 1
