@@ -116,40 +116,27 @@ def free_port() -> int:
 
 
 def test_two_node_torchrun_on_localhost_reads_disjoint_data(data, tmp_path):
-    port = free_port()
+    """scripts/torchrun_multi_node.sh run twice on this machine, as two one-process "nodes"."""
     args = [
-        *(
-            "--trainer.accelerator=cpu",
-            "--trainer.devices=1",
-            "--trainer.num_nodes=2",
-            "--trainer.strategy=ddp",
-        ),
-        *(
-            f"--data.root={data}",
-            "--data.image_size=16",
-            f"--data.batch_size={BATCH}",
-            "--data.num_workers=1",
-        ),
-        *("--trainer.max_epochs=1", *QUIET, recorder(tmp_path / "records")),
+        *("--trainer.accelerator=cpu", f"--data.root={data}", "--data.image_size=16"),
+        *(f"--data.batch_size={BATCH}", "--data.num_workers=1", "--trainer.max_epochs=1"),
+        *QUIET,
+        recorder(tmp_path / "records"),
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    port = str(free_port())
+    common = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "GPUS_PER_NODE": "1"}
+    env = {
+        **os.environ,
+        **common,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(REPO),
+        "PYTHONWARNINGS": "ignore",
+    }
     nodes = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                "--nproc_per_node=1",
-                f"--node_rank={rank}",
-                "--master_addr=127.0.0.1",
-                f"--master_port={port}",
-                "-m",
-                "project.train",
-                *args,
-            ],  # fmt: skip
+            ["bash", str(REPO / "scripts" / "torchrun_multi_node.sh"), *args],
             cwd=tmp_path,
-            env=env,
+            env={**env, "NODE_RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -161,7 +148,26 @@ def test_two_node_torchrun_on_localhost_reads_disjoint_data(data, tmp_path):
     records = load_records(tmp_path / "records")
     batches = {rank: records[rank]["train"]["0"] for rank in (0, 1)}
     assert len(batches[0]) == len(batches[1]) == 250 // (2 * BATCH)
-    keys = [set(k for batch in batches[rank] for k in batch) for rank in (0, 1)]
+    keys = [{k for batch in batches[rank] for k in batch} for rank in (0, 1)]
     assert not keys[0] & keys[1] and len(keys[0]) == len(keys[1]) == 7 * BATCH
     assert [p.name for p in (tmp_path / "logs" / "demo").iterdir()] == ["version_0"]
     assert sum(output.count("run folder:") for output in outputs) == 1
+    assert sum(output.count("2 node(s)") for output in outputs) == 1
+
+
+def test_resuming_with_another_world_size_continues(ddp_run, data, tmp_path):
+    """A checkpoint written by 2 processes resumes in 1 process, for one more full, duplicate-free epoch."""
+    cwd, _, _ = ddp_run
+    last = cwd / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt"
+    args = [
+        f"--ckpt_path={last}",
+        f"--data.root={data}",
+        "--data.image_size=16",
+        f"--data.batch_size={BATCH}",
+    ]
+    args += ["--data.num_workers=2", "--trainer.max_epochs=3", *QUIET, recorder(tmp_path / "records")]
+    result = run_module("project.train", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    epoch = load_records(tmp_path / "records")[0]["train"]["2"]
+    keys = [k for batch in epoch for k in batch]
+    assert len(epoch) == 250 // BATCH and len(keys) == len(set(keys))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Literal
 
 import lightning as L
@@ -27,8 +29,8 @@ class ImageClassifier(L.LightningModule):
         width: channel width of the small CNN's first stage.
         lr: peak learning rate.
         weight_decay: AdamW weight decay.
-        schedule: learning-rate schedule over the whole run: onecycle (warmup, then cosine down),
-            cosine (cosine decay from lr, no warmup) or constant.
+        schedule: learning-rate schedule over the whole run: onecycle (linear warmup to lr, then cosine
+            decay to zero), cosine (cosine decay from lr, no warmup) or constant.
         warmup_fraction: share of the steps spent warming up (onecycle).
         label_smoothing: cross-entropy label smoothing.
         mean: per-channel mean of the images in [0, 1], subtracted on the device.
@@ -102,11 +104,20 @@ class ImageClassifier(L.LightningModule):
         )
         if self.hparams.schedule == "constant":
             return optimizer
-        steps = int(self.trainer.estimated_stepping_batches)
-        if self.hparams.schedule == "onecycle":
-            scheduler = torch.optim.lr_scheduler.OneCycleLR(
-                optimizer, max_lr=self.hparams.lr, total_steps=steps, pct_start=self.hparams.warmup_fraction
-            )
-        else:
-            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+        # the total is this run's, read when the optimizer is (re)built: a resumed run that is longer, or
+        # on another number of devices, continues along its own schedule instead of overrunning the old one
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = self.hparams.warmup_fraction if self.hparams.schedule == "onecycle" else 0.0
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, functools.partial(lr_factor, total=total, warmup=warmup)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def lr_factor(step: int, total: int, warmup: float) -> float:
+    """Linear warmup over the first `warmup` fraction of `total` steps, then cosine decay to zero."""
+    warmup_steps = int(total * warmup)
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total - warmup_steps))
+    return 0.5 * (1 + math.cos(math.pi * progress))

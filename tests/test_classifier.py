@@ -1,0 +1,26 @@
+"""The classifier's normalization on the device and its learning-rate schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from project.models.classifier import ImageClassifier, lr_factor
+
+
+def test_uint8_batches_are_normalized_like_float_ones():
+    model = ImageClassifier(num_classes=3, width=4).eval()
+    images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
+    mean, std = torch.tensor(model.hparams.mean).view(1, 3, 1, 1), torch.tensor(model.hparams.std).view(1, 3, 1, 1)
+    expected = model.backbone((images.float() / 255 - mean) / std)
+    assert torch.allclose(model(images), expected, atol=1e-5)
+
+
+def test_onecycle_warms_up_peaks_and_decays_to_zero_without_overrunning():
+    total = 100
+    factors = [lr_factor(step, total, 0.1) for step in range(total + 20)]  # past the end: a longer resume
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert max(factors) == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
+    assert factors[total - 1] < 0.01 and factors[-1] == 0.0
+    assert lr_factor(0, total, 0.0) == 1.0  # cosine: no warmup
