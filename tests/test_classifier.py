@@ -11,7 +11,10 @@ from project.models.classifier import ImageClassifier, lr_factor
 def test_uint8_batches_are_normalized_like_float_ones():
     model = ImageClassifier(num_classes=3, width=4).eval()
     images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
-    mean, std = torch.tensor(model.hparams.mean).view(1, 3, 1, 1), torch.tensor(model.hparams.std).view(1, 3, 1, 1)
+    mean, std = (
+        torch.tensor(model.hparams.mean).view(1, 3, 1, 1),
+        torch.tensor(model.hparams.std).view(1, 3, 1, 1),
+    )
     expected = model.backbone((images.float() / 255 - mean) / std)
     assert torch.allclose(model(images), expected, atol=1e-5)
 

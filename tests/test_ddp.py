@@ -37,9 +37,10 @@ def all_keys(folder: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    """3 uneven training shards (100, 100, 50); val and test of 75 samples: odd, so ranks differ by one."""
+    """3 uneven training shards (100, 100, 50); odd val (75) and test (33) splits: ranks get 17 and 16
+    test samples, which a ceil(n / batch) split would make 2 batches and 1, and hang DDP."""
     root = tmp_path_factory.mktemp("ddpdata")
-    make_demo(root, train=250, val=75, test=75, image_size=16, samples_per_shard=100, workers=1, quiet=True)
+    make_demo(root, train=250, val=75, test=33, image_size=16, samples_per_shard=100, workers=1, quiet=True)
     return root
 
 
@@ -83,6 +84,7 @@ def test_validation_and_test_see_every_sample_exactly_once_across_ranks(ddp_run,
         for epoch in records[0][stage]:
             seen = Counter(k for rank in (0, 1) for batch in records[rank][stage][epoch] for k in batch)
             assert set(seen) == set(all_keys(data / split)) and set(seen.values()) == {1}, (stage, epoch)
+            assert len(records[0][stage][epoch]) == len(records[1][stage][epoch]), "unequal batch counts"
 
 
 def test_one_run_folder_written_once_by_rank_zero(ddp_run):

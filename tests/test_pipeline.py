@@ -93,7 +93,7 @@ def test_training_ranks_get_equal_batches_and_disjoint_samples(shard_folder):
 
 
 def test_batches_are_uint8_images_with_int64_labels(shard_folder):
-    folder, _ = shard_folder([6])
+    folder, _ = shard_folder([8])
     batch = epoch_batches(stream_for(folder, train=False), 0)[0]
     assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (4, 3, 8, 8)
     assert batch["label"].dtype == torch.int64 and batch["label"].tolist() == [0, 1, 2, 0]

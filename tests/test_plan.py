@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -47,7 +48,8 @@ def test_train_epoch_is_equal_per_rank_and_never_repeats(topology, epoch, seed):
     seen = [sample for plans in ranks for sample in samples_of(plans)]
     assert len(seen) == len(set(seen)), "a sample is read twice in one epoch"
     assert total - len(seen) < world_size * batch_size, "too many samples dropped"
-    assert all(plan.nsamples % batch_size == 0 for plans in ranks for plan in plans), "partial train batch"
+    assert all(set(plan.batch_sizes) <= {batch_size} for plans in ranks for plan in plans), "partial batch"
+    assert all(plan.nsamples == sum(plan.batch_sizes) for plans in ranks for plan in plans)
     assert all(0 <= i < counts[shard] for shard, i in seen)
 
 
@@ -55,14 +57,21 @@ def test_train_epoch_is_equal_per_rank_and_never_repeats(topology, epoch, seed):
 @settings(max_examples=300, deadline=None)
 def test_evaluation_reads_every_sample_exactly_once(topology):
     counts, world_size = topology["counts"], topology["world_size"]
-    ranks = all_ranks(eval_plan, world_size, counts=counts, num_workers=topology["num_workers"],
-                      batch_size=topology["batch_size"])  # fmt: skip
+    kwargs = dict(counts=counts, num_workers=topology["num_workers"], batch_size=topology["batch_size"])
+    total, batch_size = sum(counts), topology["batch_size"]
+    nbatches = math.ceil(math.ceil(total / world_size) / batch_size)
+    if total // world_size < nbatches:  # too few samples to give every rank equal batch counts
+        with pytest.raises(UserError, match="cannot give .* equal batch counts"):
+            eval_plan(world_size=world_size, rank=0, **kwargs)
+        return
+    ranks = all_ranks(eval_plan, world_size, **kwargs)
     seen = Counter(sample for plans in ranks for sample in samples_of(plans))
     expected = {(shard, i) for shard, count in enumerate(counts) for i in range(count)}
     assert set(seen) == expected and all(n == 1 for n in seen.values())
-    for plans in ranks:  # batches cover the rank's samples with at most one partial batch
-        partial = [p for p in plans if p.nsamples % p.batch_size]
-        assert len(partial) <= 1
+    assert len({total_batches(plans) for plans in ranks}) == 1, "ranks disagree on the number of batches"
+    for plans in ranks:
+        assert all(1 <= size <= batch_size for plan in plans for size in plan.batch_sizes)
+        assert all(plan.nsamples == sum(plan.batch_sizes) for plan in plans)
 
 
 def test_shard_split_across_simulated_ranks_and_workers_covers_every_shard_without_overlap():

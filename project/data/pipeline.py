@@ -165,15 +165,14 @@ class ShardStream(IterableDataset):
         samples = self._encoded(plan)
         if plan.shuffle_seed is not None:
             samples = shuffled(samples, self.shuffle_buffer, random.Random(plan.shuffle_seed))
-        batch: list[tuple[torch.Tensor, int, str]] = []
+        sizes = iter(plan.batch_sizes)
+        size, batch = next(sizes, 0), []
         for sample in samples:
             image, label = decode_sample(sample, self.decode_size, self.classes)
             batch.append((self.transform(to_uint8_tensor(image)), label, sample["__key__"]))
-            if len(batch) == plan.batch_size:
+            if len(batch) == size:
                 yield collate(batch)
-                batch = []
-        if batch:  # only evaluation plans end with a partial batch
-            yield collate(batch)
+                size, batch = next(sizes, 0), []
 
     def _encoded(self, plan: WorkerPlan) -> Iterator[dict]:
         for segment in plan.segments:

@@ -7,8 +7,10 @@ Every guarantee of the data path is decided here, so each is testable without pr
   stream of samples; each rank takes an equal, contiguous run of whole batches from it, and each worker
   an equal (±1 batch) run of the rank's. Ranks and workers may start and stop mid-shard. Fewer than
   world_size × batch_size samples are dropped, and no sample is read twice.
-- evaluation: the shards in index order, split so that every sample is read exactly once in total,
-  with at most one partial batch per rank.
+- evaluation: the shards in index order, split so that every sample is read exactly once in total and
+  every rank runs the same number of batches (of up to batch_size samples). Equal counts matter: under
+  DDP, each validation forward during fit broadcasts module buffers, so a rank with one batch more
+  would wait forever for the others.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class WorkerPlan:
     """What one DataLoader worker of one rank reads this epoch, in order, and how it batches it."""
 
     segments: tuple[Segment, ...]
-    batch_size: int
+    batch_sizes: tuple[int, ...]  # the worker's batches, in order; they add up to its samples
     shuffle_seed: int | None  # None: keep the stored order (evaluation)
 
     @property
@@ -47,7 +49,7 @@ class WorkerPlan:
 
     @property
     def nbatches(self) -> int:
-        return -(-self.nsamples // self.batch_size)
+        return len(self.batch_sizes)
 
 
 def split_evenly(total: int, parts: int) -> list[tuple[int, int]]:
@@ -116,23 +118,36 @@ def train_plan(
         begin, end = rank_start + first * batch_size, rank_start + last * batch_size
         # one seed per (epoch, rank, worker): buffers shuffle differently but reproducibly everywhere
         shuffle_seed = int(np.random.default_rng([seed, epoch, rank, worker]).integers(2**63))
-        plans.append(WorkerPlan(slice_stream(counts, order, begin, end), batch_size, shuffle_seed))
+        segments = slice_stream(counts, order, begin, end)
+        plans.append(WorkerPlan(segments, (batch_size,) * (last - first), shuffle_seed))
     return plans
 
 
 def eval_plan(
     counts: Sequence[int], *, world_size: int, rank: int, num_workers: int, batch_size: int
 ) -> list[WorkerPlan]:
-    """One plan per worker of `rank` for validation or test: every sample exactly once in total."""
-    _check(counts, world_size, rank, num_workers, batch_size)
+    """One plan per worker of `rank` for validation or test: every sample exactly once in total, and
+    the same number of batches on every rank (batch sizes then differ by at most one sample)."""
+    total = _check(counts, world_size, rank, num_workers, batch_size)
+    rank_sizes = [stop - start for start, stop in split_evenly(total, world_size)]
+    nbatches = -(-max(rank_sizes) // batch_size)
+    if min(rank_sizes) < nbatches:
+        raise UserError(
+            f"an evaluation split of {total} samples cannot give {world_size} ranks equal batch counts at "
+            f"batch_size {batch_size}: raise data.batch_size or add samples"
+        )
+    begin = sum(rank_sizes[:rank])
+    batch_sizes = [stop - start for start, stop in split_evenly(rank_sizes[rank], max(nbatches, 1))][
+        :nbatches
+    ]
     order = shard_order(len(counts), 0, 0, shuffle=False)
-    rank_begin, rank_end = split_evenly(sum(counts), world_size)[rank]
-    nbatches = -(-(rank_end - rank_begin) // batch_size)
     plans = []
     for first, last in split_evenly(nbatches, num_workers):
-        begin = rank_begin + first * batch_size
-        end = min(rank_begin + last * batch_size, rank_end)
-        plans.append(WorkerPlan(slice_stream(counts, order, begin, end), batch_size, None))
+        end = begin + sum(batch_sizes[first:last])
+        plans.append(
+            WorkerPlan(slice_stream(counts, order, begin, end), tuple(batch_sizes[first:last]), None)
+        )
+        begin = end
     return plans
 
 
