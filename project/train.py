@@ -8,6 +8,8 @@ configs/default.yaml is always loaded first; `--print_config` shows the resolved
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from project.cli import ProjectCLI, print_run_folder
 from project.errors import run_main
 
@@ -19,7 +21,8 @@ def main(args: list[str] | None = None) -> None:
     if trainer.interrupted:
         return
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    trainer.test(model, datamodule=datamodule, ckpt_path="best" if best else None)
+    # a resumed run keeps the best path of its first run, relative to where that one started
+    trainer.test(model, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
     print_run_folder(trainer)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -75,14 +76,22 @@ def tiny_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_module(
     module: str, *args: str, cwd: Path | None = None, timeout: int = 300
 ) -> subprocess.CompletedProcess:
-    """Run `python -m module args` as a user would, capturing its output."""
+    """Run `python -m module args` as a user would, capturing its output.
+
+    The command gets its own process group, so that on a timeout every process it started (DDP ranks,
+    DataLoader workers) is killed and the output so far is shown.
+    """
     # PYTHONPATH: subprocesses can load test-only callbacks from tests/helpers.py
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd or REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    command = [sys.executable, "-m", module, *args]
+    process = subprocess.Popen(command, cwd=cwd or REPO, env=env, text=True, start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(
+            f"{module} timed out after {timeout} s\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+        )
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)

@@ -3,7 +3,6 @@ training epochs, bounded buffers, and clear errors for bad shards."""
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
 import pytest
@@ -109,7 +108,7 @@ def test_shuffle_buffer_holds_at_most_its_size():
             yield i
 
     held, out = [], []
-    for item in shuffled(source(), 8, random.Random(0)):
+    for item in shuffled(source(), 8, seed=0):
         out.append(item)
         held.append(pulled - len(out))
     assert max(held) < 8 and sorted(out) == list(range(100)) and out != list(range(100))

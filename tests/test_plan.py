@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from project.data.plan import eval_plan, split_evenly, total_batches, train_plan
+from project.data.plan import (
+    Segment,
+    eval_plan,
+    resume_point,
+    skip_samples,
+    split_evenly,
+    total_batches,
+    train_plan,
+)
 from project.errors import UserError
 
 topologies = st.fixed_dictionaries(
@@ -108,3 +117,35 @@ def test_workers_get_equal_batches_give_or_take_one():
 def test_split_evenly():
     assert split_evenly(10, 3) == [(0, 4), (4, 7), (7, 10)]
     assert split_evenly(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+
+
+def round_robin(nbatches: Sequence[int]) -> list[tuple[int, int]]:
+    """(worker, batch of that worker) in the order a DataLoader yields them, skipping exhausted workers."""
+    order, taken = [], [0] * len(nbatches)
+    while any(taken[w] < nbatches[w] for w in range(len(nbatches))):
+        for w in range(len(nbatches)):
+            if taken[w] < nbatches[w]:
+                order.append((w, taken[w]))
+                taken[w] += 1
+    return order
+
+
+@given(st.integers(1, 40), st.integers(1, 6), st.data())
+@settings(max_examples=200, deadline=None)
+def test_resumed_workers_continue_the_interrupted_batch_order(nbatches, num_workers, data):
+    per_worker = [stop - start for start, stop in split_evenly(nbatches, num_workers)]
+    full = round_robin(per_worker)
+    done = data.draw(st.integers(0, nbatches))
+    # the resumed iterator: worker w runs plan p from batch c on
+    points = [resume_point(done, num_workers, w) for w in range(num_workers)]
+    remaining = [per_worker[p] - c for p, c in points]
+    resumed = [(points[w][0], points[w][1] + i) for w, i in round_robin(remaining)]
+    assert resumed == full[done:]
+
+
+def test_skip_samples_drops_whole_segments_first():
+    segments = (Segment(4, 0, 10), Segment(1, 5, 8), Segment(2, 0, 6))
+    assert skip_samples(segments, 0) == segments
+    assert skip_samples(segments, 12) == (Segment(1, 7, 8), Segment(2, 0, 6))
+    assert skip_samples(segments, 13) == (Segment(2, 0, 6),)
+    assert skip_samples(segments, 19) == ()

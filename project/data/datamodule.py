@@ -8,9 +8,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from project.data.health import SkipLedger
 from project.data.pipeline import ShardStream
 from project.data.shards import ShardIndex, resolve_shards
 from project.data.transforms import Preset, build_transform
@@ -20,21 +21,47 @@ DataSpec = str | list[str]
 
 
 class EpochLoader(DataLoader):
-    """A DataLoader that tells its ShardStream the trainer's epoch before each pass.
+    """A DataLoader that sets its ShardStream's epoch before each pass, and resumes mid-epoch.
 
-    Lightning calls `set_epoch` only on samplers, and an IterableDataset has none.
+    Lightning calls `set_epoch` only on samplers, and an IterableDataset has none. The resume position
+    is kept by the data module's `state_dict`: Lightning restores it before anything iterates the loader
+    (its loops' loader states arrive only after `configure_optimizers` has already iterated it, when
+    the model asks for `estimated_stepping_batches`).
     """
 
-    def __init__(self, dataset: ShardStream, epoch_source: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: ShardStream, datamodule: ShardDataModule | None = None, **kwargs: Any
+    ) -> None:
         dataset.num_workers = max(1, kwargs.get("num_workers", 0))  # the plan splits over these workers
         super().__init__(dataset, batch_size=None, **kwargs)
-        self.epoch_source = epoch_source
+        self.datamodule = datamodule
 
     def __iter__(self):  # noqa: ANN204
-        trainer = getattr(self.epoch_source, "trainer", None)
-        if trainer is not None:
-            self.dataset.set_epoch(trainer.current_epoch)
+        stream = self.dataset
+        trainer = self.datamodule.trainer if self.datamodule is not None else None
+        epoch, done = (trainer.current_epoch if trainer is not None else stream.epoch), 0
+        position = self.datamodule.take_resume_position() if self.datamodule and stream.train else None
+        if position is not None:
+            epoch, done = position["epoch"], position["batches"]
+            if done >= position["epoch_batches"]:  # saved at the end of its epoch: start the next one
+                epoch, done = epoch + 1, 0
+            elif (position["world_size"], position["num_workers"]) != (stream.world_size, stream.num_workers):
+                now = f"{stream.world_size} rank(s) x {stream.num_workers} worker(s)"
+                saved = f"{position['world_size']} x {position['num_workers']}"
+                rank_zero_warn(
+                    f"resuming mid-epoch with {now} instead of {saved}: this epoch continues on the new "
+                    "split and may repeat or miss samples; later epochs are exact"
+                )
+        stream.set_epoch(epoch)
+        stream.resume_after(done)
         return super().__iter__()
+
+    def state_dict(self) -> dict[str, int]:
+        """The training position (also in the data module's state): marks this loader as resumable."""
+        return self.datamodule.train_position() if self.datamodule is not None else {}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Nothing to do: the data module's state, restored first, carries the position."""
 
 
 class ShardDataModule(L.LightningDataModule):
@@ -60,6 +87,8 @@ class ShardDataModule(L.LightningDataModule):
         classes: class names, when the shard index does not record them.
         pin_memory: pin batches in page-locked memory (default: when CUDA is available).
         prefetch_factor: batches each worker prepares ahead.
+        max_skipped_fraction: unreadable samples (a truncated shard, a bad image, a missing label) are
+            skipped, counted and logged as <stage>/skipped; past this share of an epoch the run stops.
     """
 
     def __init__(
@@ -77,6 +106,7 @@ class ShardDataModule(L.LightningDataModule):
         classes: list[str] | None = None,
         pin_memory: bool | None = None,
         prefetch_factor: int = 2,
+        max_skipped_fraction: float = 0.01,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -95,6 +125,10 @@ class ShardDataModule(L.LightningDataModule):
         )
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.prefetch_factor = prefetch_factor
+        self.max_skipped_fraction = max_skipped_fraction
+        self._ledgers: dict[tuple, SkipLedger] = {}  # the current pass's
+        self._resume_position: dict | None = None
+        self._loaders: dict[str, EpochLoader] = {}
         self._classes = classes
         self._indexes: dict[str, ShardIndex] = {}
 
@@ -146,6 +180,7 @@ class ShardDataModule(L.LightningDataModule):
             shuffle_buffer=self.shuffle_buffer,
             decode_size=self.image_size,
             num_workers=self.num_workers,
+            skip_corrupt=True,
         )
         trainer = self.trainer
         if trainer is not None:
@@ -154,7 +189,7 @@ class ShardDataModule(L.LightningDataModule):
 
     def _loader(self, split: str) -> EpochLoader:
         workers = self.num_workers
-        return EpochLoader(
+        self._loaders[split] = EpochLoader(
             self._stream(split),
             self,
             num_workers=workers,
@@ -163,6 +198,52 @@ class ShardDataModule(L.LightningDataModule):
             # a fresh worker copy each epoch picks up the new epoch; persistent workers would keep the old
             persistent_workers=False,
         )
+        return self._loaders[split]
+
+    def train_position(self) -> dict[str, int]:
+        """Where training stands: epoch, batches done in it, and the topology that planned it."""
+        trainer, loader = self.trainer, self._loaders.get("train")
+        if trainer is None or loader is None:
+            return {}
+        # batches whose training step ran; Lightning's fetcher has already pulled one more (prefetch),
+        # so what the loader yielded would overcount by one
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        stream = loader.dataset
+        return {"epoch": trainer.current_epoch, "batches": done, "epoch_batches": len(stream),
+                "world_size": stream.world_size, "num_workers": stream.num_workers}  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        position = self.train_position()
+        return {"train_position": position} if position else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume_position = state.get("train_position")
+
+    def take_resume_position(self) -> dict | None:
+        """The restored training position, once: only the first pass after a restore resumes."""
+        position, self._resume_position = self._resume_position, None
+        return position
+
+    def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        """Count the samples the stream skipped, warn at a bounded rate, stop past the limit."""
+        trainer = self.trainer
+        if trainer is None or not batch.get("skipped"):
+            return batch
+        stage = (
+            "train"
+            if trainer.training
+            else "val"
+            if (trainer.validating or trainer.sanity_checking)
+            else "test"
+        )
+        epoch = trainer.current_epoch
+        ledger = self._ledgers.get(stage)
+        if ledger is None or ledger.epoch != epoch:
+            planned = self.index(stage).nsamples // trainer.world_size
+            ledger = self._ledgers[stage] = SkipLedger(stage, planned, self.max_skipped_fraction)
+            ledger.epoch = epoch
+        ledger.record(batch["skipped"])
+        return batch
 
     def train_dataloader(self) -> EpochLoader:
         return self._loader("train")

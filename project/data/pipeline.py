@@ -7,26 +7,37 @@ replaces its node and worker splitters, whose shard-level split cannot give equa
 
 from __future__ import annotations
 
-import random
+import itertools
 import re
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import IO
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.gopen import gopen
 from webdataset.tariterators import base_plus_ext
 
-from project.data.decode import WANTED_EXTENSIONS, decode_sample
-from project.data.plan import WorkerPlan, eval_plan, total_batches, train_plan
+from project.data.decode import WANTED_EXTENSIONS, DecodeError, decode_sample
+from project.data.plan import (
+    Segment,
+    WorkerPlan,
+    eval_plan,
+    resume_point,
+    skip_samples,
+    total_batches,
+    train_plan,
+)
 from project.data.shards import Shard, local_path
 from project.data.transforms import to_uint8_tensor
 from project.errors import ShardError
 
 META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's rule for metadata members
-Batch = dict  # {"image": uint8 [B, 3, H, W], "label": int64 [B], "key": list[str]}
+# {"image": uint8 [B, 3, H, W], "label": int64 [B], "key": [str], "skipped": [(shard url, key, reason)]}
+Batch = dict
 
 
 def read_samples(
@@ -76,22 +87,30 @@ def _members(stream: IO[bytes], url: str) -> Iterator[tuple[str, Callable[[], by
         raise ShardError(f"cannot read shard {url}: {error}") from None
 
 
-def shuffled(samples: Iterator[dict], buffer_size: int, rng: random.Random) -> Iterator[dict]:
+@dataclass(frozen=True)
+class Missing:
+    """A placeholder for a sample that could not be read (a truncated or unreadable shard).
+
+    It keeps its place in the stream, so batches, ranks and resumed epochs stay aligned with the plan.
+    """
+
+    url: str
+    position: int
+    reason: str
+
+
+def shuffled(samples: Iterator, buffer_size: int, seed: int, first_chunk: int = 0) -> Iterator:
     """Shuffle encoded samples in chunks of `buffer_size`: memory is bounded by the buffer.
 
     Encoded bytes, not decoded images: decoded images are ~10x larger, so the buffer would hold 10x
-    fewer samples. Whole chunks (not a reservoir) keep the order a pure function of the chunk, which
-    lets a resumed epoch skip whole chunks.
+    fewer samples. Each chunk's order depends only on (seed, chunk number), so a resumed epoch can skip
+    whole chunks without reading them and still shuffle the next one as the uninterrupted run did.
     """
-    buffer: list[dict] = []
-    for sample in samples:
-        buffer.append(sample)
-        if len(buffer) >= buffer_size:
-            rng.shuffle(buffer)
-            yield from buffer
-            buffer = []
-    rng.shuffle(buffer)
-    yield from buffer
+    chunk = first_chunk
+    while buffer := list(itertools.islice(samples, buffer_size)):
+        order = np.random.default_rng([seed, chunk]).permutation(len(buffer))
+        yield from (buffer[i] for i in order)
+        chunk += 1
 
 
 class ShardStream(IterableDataset):
@@ -107,6 +126,8 @@ class ShardStream(IterableDataset):
         shuffle_buffer: samples held (encoded) in the shuffle buffer.
         decode_size: decode JPEGs at reduced scale down to about this size.
         num_workers: the DataLoader's worker count (the plan is split across max(1, num_workers)).
+        skip_corrupt: leave out unreadable samples (reported in each batch's "skipped") instead of
+            raising a `ShardError`.
     """
 
     def __init__(
@@ -121,6 +142,7 @@ class ShardStream(IterableDataset):
         shuffle_buffer: int = 1000,
         decode_size: int | None = None,
         num_workers: int = 0,
+        skip_corrupt: bool = False,
     ) -> None:
         self.shards = list(shards)
         self.train = train
@@ -131,8 +153,10 @@ class ShardStream(IterableDataset):
         self.shuffle_buffer = shuffle_buffer
         self.decode_size = decode_size
         self.num_workers = max(1, num_workers)
+        self.skip_corrupt = skip_corrupt
         self.epoch = 0
         self.world_size, self.rank = 1, 0
+        self.batches_done = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -151,6 +175,14 @@ class ShardStream(IterableDataset):
     def __len__(self) -> int:
         return total_batches(self.plans())
 
+    def planned_samples(self) -> int:
+        """Samples this rank reads in the current epoch (skipped ones included)."""
+        return sum(plan.nsamples for plan in self.plans())
+
+    def resume_after(self, batches_done: int) -> None:
+        """Start the next pass at batch `batches_done` of the epoch, as if those had just been read."""
+        self.batches_done = batches_done
+
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         worker = info.id if info is not None else 0
@@ -158,36 +190,79 @@ class ShardStream(IterableDataset):
             raise RuntimeError(
                 f"ShardStream planned for {self.num_workers} workers, runs in a different count"
             )
-        plan = self.plans()[worker]
-        if info is not None and plan.shuffle_seed is not None:
-            # augmentation randomness from the plan, not the process: reproducible per (epoch, rank, worker)
-            torch.manual_seed(plan.shuffle_seed)
-        samples = self._encoded(plan)
-        if plan.shuffle_seed is not None:
-            samples = shuffled(samples, self.shuffle_buffer, random.Random(plan.shuffle_seed))
-        sizes = iter(plan.batch_sizes)
-        size, batch = next(sizes, 0), []
-        for sample in samples:
-            image, label = decode_sample(sample, self.decode_size, self.classes)
-            batch.append((self.transform(to_uint8_tensor(image)), label, sample["__key__"]))
-            if len(batch) == size:
-                yield collate(batch)
-                size, batch = next(sizes, 0), []
+        plans = self.plans()
+        index, done = resume_point(self.batches_done, len(plans), worker)
+        plan = plans[index]
+        for number, samples in enumerate(self._sample_batches(plan, done), start=done):
+            yield self._batch(samples, plan, number)
 
-    def _encoded(self, plan: WorkerPlan) -> Iterator[dict]:
-        for segment in plan.segments:
-            shard = self.shards[segment.shard]
-            seen = 0
-            for sample in read_samples(shard.url, segment.start, segment.stop):
-                seen += 1
-                yield sample
-            if seen != len(segment):
-                raise ShardError(
-                    f"shard {shard.url} holds {segment.start + seen} samples, but its shard index says "
-                    f"{shard.nsamples}: the index is stale, rebuild it with python -m project.data.index"
+    def _sample_batches(self, plan: WorkerPlan, done: int) -> Iterator[list]:
+        """The plan's encoded samples, grouped into its batches, from batch `done` on."""
+        start = sum(plan.batch_sizes[:done])
+        if plan.shuffle_seed is None:
+            samples = self._encoded(skip_samples(plan.segments, start))
+        else:
+            chunk, offset = divmod(start, self.shuffle_buffer)
+            samples = self._encoded(skip_samples(plan.segments, chunk * self.shuffle_buffer))
+            samples = shuffled(samples, self.shuffle_buffer, plan.shuffle_seed, first_chunk=chunk)
+            samples = itertools.islice(samples, offset, None)
+        for size in plan.batch_sizes[done:]:
+            yield list(itertools.islice(samples, size))
+
+    def _batch(self, samples: list, plan: WorkerPlan, number: int) -> Batch:
+        """Decode and transform one batch; unreadable samples are left out and reported in the batch."""
+        items, skipped = [], []
+        with torch.random.fork_rng(devices=[]):
+            if plan.shuffle_seed is not None:
+                # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
+                torch.manual_seed(
+                    int(np.random.SeedSequence([plan.shuffle_seed, number]).generate_state(1)[0])
                 )
+            for sample in samples:
+                if isinstance(sample, Missing):
+                    skipped.append((sample.url, f"sample {sample.position}", sample.reason))
+                    continue
+                try:
+                    image, label = decode_sample(sample, self.decode_size, self.classes)
+                except DecodeError as error:
+                    if not self.skip_corrupt:
+                        raise
+                    skipped.append((sample["__url__"], sample["__key__"], str(error)))
+                    continue
+                items.append((self.transform(to_uint8_tensor(image)), label, sample["__key__"]))
+        if not items:
+            raise ShardError(f"every sample of a batch was unreadable; the first: {skipped[0][2]}")
+        return collate(items, skipped)
+
+    def _encoded(self, segments: Sequence[Segment]) -> Iterator[dict | Missing]:
+        """Each segment's samples in order: exactly len(segment) items, `Missing` for unreadable ones."""
+        for segment in segments:
+            shard = self.shards[segment.shard]
+            seen, reason = 0, ""
+            try:
+                for sample in read_samples(shard.url, segment.start, segment.stop):
+                    seen += 1
+                    yield sample
+            except ShardError as error:
+                if not self.skip_corrupt:
+                    raise
+                reason = str(error)
+            if seen != len(segment) and not reason:
+                reason = f"holds {segment.start + seen} samples, but its shard index says {shard.nsamples}"
+                if not self.skip_corrupt:
+                    raise ShardError(f"shard {shard.url} {reason}: the index is stale, rebuild it")
+            for position in range(segment.start + seen, segment.stop):
+                yield Missing(shard.url, position, reason)
 
 
-def collate(batch: list[tuple[torch.Tensor, int, str]]) -> Batch:
-    images, labels, keys = zip(*batch, strict=True)
-    return {"image": torch.stack(images), "label": torch.tensor(labels, dtype=torch.long), "key": list(keys)}
+def collate(
+    items: list[tuple[torch.Tensor, int, str]], skipped: Sequence[tuple[str, str, str]] = ()
+) -> Batch:
+    """Stack a batch; `skipped` lists (shard url, key, reason) of the samples left out of it."""
+    images, labels, keys = zip(*items, strict=True)
+    return {
+        "image": torch.stack(images),
+        "label": torch.tensor(labels, dtype=torch.long),
+        "key": list(keys),
+        "skipped": list(skipped),
+    }

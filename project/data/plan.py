@@ -151,6 +151,29 @@ def eval_plan(
     return plans
 
 
+def skip_samples(segments: Sequence[Segment], count: int) -> tuple[Segment, ...]:
+    """The segments without their first `count` samples: wholly skipped shards are never opened."""
+    kept = []
+    for segment in segments:
+        if count >= len(segment):
+            count -= len(segment)
+            continue
+        kept.append(Segment(segment.shard, segment.start + count, segment.stop))
+        count = 0
+    return tuple(kept)
+
+
+def resume_point(batches_done: int, num_workers: int, worker: int) -> tuple[int, int]:
+    """(which worker plan DataLoader worker `worker` runs, how many of that plan's batches are done)
+    when a rank resumes after `batches_done` batches of its epoch.
+
+    A DataLoader hands batch j to worker j % num_workers, and a new iterator starts again at worker 0,
+    so the plans rotate: the first batch of the resumed iterator is batch `batches_done` of the epoch.
+    """
+    plan = (worker + batches_done) % num_workers
+    return plan, max(0, -(-(batches_done - plan) // num_workers))
+
+
 def total_batches(plans: Sequence[WorkerPlan]) -> int:
     """Batches one rank yields in an epoch: what `len(dataloader)` reports."""
     return sum(plan.nbatches for plan in plans)

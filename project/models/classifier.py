@@ -10,7 +10,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MeanMetric
+from torchmetrics import MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.models.backbones import build_backbone
@@ -65,6 +65,8 @@ class ImageClassifier(L.LightningModule):
             }
         )
         self.mean_loss = nn.ModuleDict({f"{stage}_loss": MeanMetric() for stage in ("val", "test")})
+        # samples the data stream could not read (see ShardDataModule.max_skipped_fraction)
+        self.skipped = nn.ModuleDict({f"{stage}_skipped": SumMetric() for stage in ("train", "val", "test")})
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits for a batch of uint8 (or already scaled float) images, NCHW."""
@@ -79,6 +81,9 @@ class ImageClassifier(L.LightningModule):
         accuracy = self.metrics[f"{stage}_acc"]
         accuracy(logits, labels)
         size = len(labels)
+        skipped = self.skipped[f"{stage}_skipped"]
+        skipped.update(float(len(batch.get("skipped", ()))))
+        self.log(f"{stage}/skipped", skipped, on_step=False, on_epoch=True, batch_size=size)
         if stage == "train":
             self.log("train/loss", loss, prog_bar=True, batch_size=size)
             self.log("train/acc", accuracy, on_step=False, on_epoch=True, batch_size=size)

@@ -1,0 +1,58 @@
+"""Accounting for unreadable samples: counted per shard, warned about at a bounded rate, and fatal past
+a fraction of the epoch. Nothing sleeps per error (webdataset's `warn_and_continue` sleeps 0.5 s)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from project.errors import ShardError
+
+log = logging.getLogger("project.data")
+
+
+class SkipLedger:
+    """Skipped samples of one pass (a stage's epoch) on one rank.
+
+    Args:
+        stage: "train", "val" or "test", for messages.
+        planned: samples this rank reads in the pass, skipped ones included.
+        max_fraction: the pass stops with a `ShardError` once more than this share of `planned` is skipped.
+        warn_every: seconds between two warnings; skips in between are summed into the next one.
+    """
+
+    def __init__(self, stage: str, planned: int, max_fraction: float, warn_every: float = 10.0) -> None:
+        self.stage, self.planned, self.max_fraction, self.warn_every = (
+            stage,
+            planned,
+            max_fraction,
+            warn_every,
+        )
+        self.by_shard: Counter[str] = Counter()
+        self.unwarned = 0
+        self.last_warning = float("-inf")
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.by_shard.values())
+
+    def record(self, skipped: Sequence[tuple[str, str, str]]) -> None:
+        """Count one batch's skipped samples (shard url, key, reason); warn or stop as needed."""
+        if not skipped:
+            return
+        self.by_shard.update(url for url, _, _ in skipped)
+        self.unwarned += len(skipped)
+        now = time.monotonic()
+        if now - self.last_warning >= self.warn_every:
+            url, key, reason = skipped[-1]
+            more = f" ({self.unwarned - 1} more skipped since the last warning)" if self.unwarned > 1 else ""
+            log.warning("skipped unreadable %s sample %s in %s: %s%s", self.stage, key, url, reason, more)
+            self.last_warning, self.unwarned = now, 0
+        if self.skipped > self.max_fraction * self.planned:
+            worst = ", ".join(f"{url} ({count})" for url, count in self.by_shard.most_common(3))
+            raise ShardError(
+                f"{self.skipped} of the {self.planned} {self.stage} samples of this epoch are unreadable, "
+                f"more than data.max_skipped_fraction={self.max_fraction:g}; worst shards: {worst}"
+            )

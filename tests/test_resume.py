@@ -1,0 +1,91 @@
+"""Exact mid-epoch resume through the CLI: the same samples in the same order, and equal final weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.data.demo import make_demo
+
+from .conftest import run_module
+from .helpers import load_records
+
+pytestmark = pytest.mark.slow
+BATCH = 16  # 300 training samples: 18 batches an epoch
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("resumedata")
+    make_demo(root, train=300, val=40, test=40, image_size=16, samples_per_shard=50, workers=1, quiet=True)
+    return root
+
+
+def train_args(data: Path, workers: int, records: Path, *extra: str) -> list[str]:
+    recorder = {"class_path": "tests.helpers.RecordBatches", "init_args": {"folder": str(records)}}
+    return [
+        *(
+            f"--data.root={data}",
+            "--data.image_size=16",
+            f"--data.batch_size={BATCH}",
+            "--data.augment=light",
+        ),
+        *(f"--data.num_workers={workers}", "--trainer.max_epochs=2", "--trainer.deterministic=true"),
+        *("--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"),
+        f"--trainer.callbacks+={json.dumps(recorder)}",
+        *extra,
+    ]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True, map_location="cpu")["state_dict"]
+
+
+def keys_from(records: dict, start_epoch: int, start_batch: int) -> list[str]:
+    """Training keys from (epoch, batch) on, in the order the training loop saw them."""
+    epochs = records[0]["train"]
+    return [
+        key
+        for epoch in sorted(epochs, key=int)
+        for number, batch in enumerate(epochs[epoch])
+        if (int(epoch), number) >= (start_epoch, start_batch)
+        for key in batch
+    ]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_weights(
+    data, tmp_path, workers
+):
+    every_7_steps = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(tmp_path / "steps"), "filename": "{step}", "every_n_train_steps": 7,
+                      "save_top_k": -1},
+    }  # fmt: skip
+    checkpoints = f"--trainer.callbacks+={json.dumps(every_7_steps)}"
+    whole = run_module(
+        "project.train", *train_args(data, workers, tmp_path / "whole", checkpoints), cwd=tmp_path
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    uninterrupted = load_records(tmp_path / "whole")
+
+    for step in (7, 21):  # mid epoch 0 (batch 7), and mid epoch 1 (batch 3: an odd count rotates the workers)
+        ckpt = tmp_path / "steps" / f"step={step}.ckpt"
+        loader_state = torch.load(ckpt, weights_only=True)["loops"]["fit_loop"]["state_dict"][
+            "combined_loader"
+        ]
+        assert loader_state[0]["batches"] == step % 18 and loader_state[0]["epoch"] == step // 18
+        resumed = run_module("project.train", *train_args(data, workers, tmp_path / f"from{step}"),
+                             f"--ckpt_path={ckpt}", cwd=tmp_path)  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        seen = keys_from(load_records(tmp_path / f"from{step}"), 0, 0)
+        assert seen == keys_from(uninterrupted, step // 18, step % 18)
+        runs = sorted((tmp_path / "logs" / "demo").iterdir())
+        final, expected = (
+            weights(runs[-1] / "checkpoints" / "last.ckpt"),
+            weights(runs[0] / "checkpoints" / "last.ckpt"),
+        )
+        assert max((final[name] - expected[name]).abs().max().item() for name in expected) == 0.0
