@@ -91,7 +91,6 @@ def run_module(
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        pytest.fail(
-            f"{module} timed out after {timeout} s\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
-        )
+        output = f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+        pytest.fail(f"{module} timed out after {timeout} s\n{output}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
