@@ -14,8 +14,10 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from project.callbacks.preemption import PreemptionCheckpoint
 from project.data.datamodule import ShardDataModule
 from project.data.demo import demo_is_complete, make_demo
+from project.errors import UserError
 from project.models.classifier import ImageClassifier
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -67,10 +69,11 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.classes", "model.class_names", apply_on="instantiate")
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        callbacks = [*callbacks, PreemptionCheckpoint()]
         # a rich progress bar with totals, unless the user turned the bar off (a configured
         # RichProgressBar would make enable_progress_bar=false an error)
         if config.get("enable_progress_bar") is not False:
-            callbacks = [*callbacks, RichProgressBar()]
+            callbacks.append(RichProgressBar())
         return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
@@ -78,6 +81,27 @@ class ProjectCLI(LightningCLI):
         uses_demo = data.root and not (data.train or data.val or data.test)
         if uses_demo and Path(data.root).resolve() == DEMO_ROOT.resolve():
             ensure_demo(DEMO_ROOT)
+        if self.config.get("ckpt_path") == "last":
+            self._resume_latest_run()
+
+    def _resume_latest_run(self) -> None:
+        """`--ckpt_path last`: the newest version_N of this experiment that has a last.ckpt, logging into
+        that same folder (Lightning's own "last" would look in a fresh version_N+1)."""
+        logger = self.config.trainer.logger
+        init_args = getattr(logger, "init_args", None)
+        if init_args is None or "TensorBoardLogger" not in str(getattr(logger, "class_path", "")):
+            return  # another logger: let Lightning resolve "last" itself
+        experiment = Path(init_args.save_dir) / init_args.name
+        runs = [p for p in experiment.glob("version_*") if (p / "checkpoints" / "last.ckpt").is_file()]
+        runs = [p for p in runs if p.name.split("_", 1)[1].isdigit()]
+        if not runs:
+            raise UserError(
+                f"--ckpt_path last: no run in {experiment} has checkpoints/last.ckpt to resume from"
+            )
+        latest = max(runs, key=lambda p: int(p.name.split("_", 1)[1]))
+        self.config.ckpt_path = str(latest / "checkpoints" / "last.ckpt")
+        init_args.version = int(latest.name.split("_", 1)[1])
+        print(f"resuming {self.config.ckpt_path}", file=sys.stderr)
 
 
 def ensure_demo(root: Path) -> None:

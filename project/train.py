@@ -8,7 +8,10 @@ configs/default.yaml is always loaded first; `--print_config` shows the resolved
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.cli import ProjectCLI, print_run_folder
 from project.errors import run_main
@@ -17,7 +20,12 @@ from project.errors import run_main
 def main(args: list[str] | None = None) -> None:
     cli = ProjectCLI(args=args)
     trainer, model, datamodule = cli.trainer, cli.model, cli.datamodule
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cli.config.ckpt_path)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=cli.config.ckpt_path)
+    except SIGTERMException:
+        # PreemptionCheckpoint has saved the step; 143 = 128 + SIGTERM, what a killed process reports
+        print("stopped by SIGTERM: restart with --ckpt_path last to continue", file=sys.stderr)
+        raise SystemExit(143) from None
     if trainer.interrupted:
         return
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -44,3 +45,14 @@ def load_records(folder: Path) -> dict[int, dict]:
         for stage, epochs in json.loads(path.read_text()).items():
             merged.setdefault(rank, {}).setdefault(stage, {}).update(epochs)
     return merged
+
+
+class AnnounceSteps(Callback):
+    """Prints `STEP n` after each training step (so a test can act mid-run), then waits `delay` seconds."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        print(f"STEP {trainer.global_step}", flush=True)
+        time.sleep(self.delay)

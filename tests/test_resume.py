@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +15,7 @@ import torch
 
 from project.data.demo import make_demo
 
-from .conftest import run_module
+from .conftest import REPO, run_module
 from .helpers import load_records
 
 pytestmark = pytest.mark.slow
@@ -89,3 +94,47 @@ def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_we
             weights(runs[0] / "checkpoints" / "last.ckpt"),
         )
         assert max((final[name] - expected[name]).abs().max().item() for name in expected) == 0.0
+
+
+def test_sigterm_saves_the_current_step_and_ckpt_path_last_finishes_like_an_uninterrupted_run(data, tmp_path):
+    slow = {"class_path": "tests.helpers.AnnounceSteps", "init_args": {"delay": 0.2}}
+    args = [*train_args(data, 2, tmp_path / "records"), f"--trainer.callbacks+={json.dumps(slow)}"]
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "cut").mkdir()
+    whole = run_module("project.train", *args, cwd=tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    with open(tmp_path / "cut.err", "w") as errors:
+        command = [sys.executable, "-m", "project.train", *args]
+        process = subprocess.Popen(
+            command, cwd=tmp_path / "cut", env=env, stdout=subprocess.PIPE, stderr=errors, text=True
+        )
+        for line in process.stdout:
+            if line.startswith("STEP 1"):
+                break
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        process.stdout.read()
+        returncode = process.wait(timeout=30)
+    assert time.monotonic() - sent < 30, "did not exit within a 30 s grace period"
+    stderr = (tmp_path / "cut.err").read_text()
+    assert returncode == 143, stderr[-3000:]
+    assert "stopped by SIGTERM: restart with --ckpt_path last" in stderr
+    run = tmp_path / "cut" / "logs" / "demo" / "version_0"
+    step = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 1 <= step < 10, step  # saved at the step where the signal arrived, far from the end (36)
+
+    resumed = run_module("project.train", *args, "--ckpt_path=last", cwd=tmp_path / "cut")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {Path('logs/demo/version_0/checkpoints/last.ckpt')}" in resumed.stderr
+    assert [p.name for p in (tmp_path / "cut" / "logs" / "demo").iterdir()] == ["version_0"]
+    final = weights(run / "checkpoints" / "last.ckpt")
+    expected = weights(tmp_path / "whole" / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt")
+    assert max((final[name] - expected[name]).abs().max().item() for name in expected) == 0.0
+
+
+def test_ckpt_path_last_without_a_previous_run_is_a_clear_error(tmp_path):
+    result = run_module("project.train", "--ckpt_path=last", "--data.root=nowhere", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"error: --ckpt_path last: no run in {Path('logs/demo')} has" in result.stderr
