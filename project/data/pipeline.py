@@ -35,6 +35,7 @@ from project.data.shards import Shard, local_path
 from project.data.transforms import to_uint8_tensor
 from project.errors import ShardError
 
+READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
 META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's rule for metadata members
 # {"image": uint8 [B, 3, H, W], "label": int64 [B], "key": [str], "skipped": [(shard url, key, reason)]}
 Batch = dict
@@ -68,7 +69,10 @@ def read_samples(
                 if position >= start:
                     current = {"__key__": key, "__url__": url}
             if current is not None and extension.lower() in extensions:
-                current[extension.lower()] = read()
+                try:
+                    current[extension.lower()] = read()
+                except READ_ERRORS as error:
+                    raise ShardError(f"cannot read shard {url}: {error}") from None
         if current is not None:
             yield current
     finally:
@@ -83,7 +87,7 @@ def _members(stream: IO[bytes], url: str) -> Iterator[tuple[str, Callable[[], by
                 if info.isreg() and not META_MEMBER.match(info.name):
                     yield info.name, lambda info=info: tar.extractfile(info).read()
                 tar.members = []  # streaming mode keeps every TarInfo otherwise: memory grows with the shard
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+    except READ_ERRORS as error:
         raise ShardError(f"cannot read shard {url}: {error}") from None
 
 

@@ -1,0 +1,139 @@
+"""Corrupt data: unreadable samples are skipped and counted exactly, warned about at a bounded rate,
+and fatal past data.max_skipped_fraction."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from project.data.health import SkipLedger
+from project.data.pipeline import ShardStream
+from project.data.shards import resolve_shards
+from project.data.transforms import build_transform
+from project.errors import ShardError
+
+from .conftest import run_module, write_shards
+from .test_pipeline import epoch_batches
+
+
+def truncate_inside(path: Path, member: str) -> None:
+    """Cut a tar in the middle of one member's data, as an interrupted copy would."""
+    with tarfile.open(path) as tar:
+        info = tar.getmember(member)
+    data = path.read_bytes()
+    path.write_bytes(data[: info.offset_data + info.size // 2])
+
+
+def replace_member(path: Path, member: str, data: bytes | None) -> None:
+    """Rewrite a tar with one member's bytes replaced (or the member removed, for None)."""
+    with tarfile.open(path) as tar:
+        members = [(info, tar.extractfile(info).read()) for info in tar.getmembers()]
+    with tarfile.open(path, "w") as tar:
+        for info, content in members:
+            if info.name == member:
+                if data is None:
+                    continue
+                content, info.size = data, len(data)
+            tar.addfile(info, io.BytesIO(content))
+
+
+@pytest.fixture
+def corrupt_split(tmp_path) -> tuple[Path, list[str], set[str]]:
+    """4 shards of 10: one truncated inside sample 6's image, one bad JPEG, one sample without a label."""
+    folder = tmp_path / "val"
+    keys = write_shards(folder, [10, 10, 10, 10], prefix="val")
+    truncate_inside(folder / "val-000000.tar", "val0_00006.jpg")
+    replace_member(folder / "val-000001.tar", "val1_00003.jpg", b"\xff\xd8 not really a jpeg")
+    replace_member(folder / "val-000002.tar", "val2_00005.cls", None)
+    bad = {f"val0_{i:05d}" for i in range(6, 10)} | {"val1_00003", "val2_00005"}
+    return folder, keys, bad
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_each_unreadable_sample_is_skipped_and_counted_once(corrupt_split, num_workers):
+    folder, keys, bad = corrupt_split
+    stream = ShardStream(resolve_shards(str(folder)).shards, train=False, batch_size=4, skip_corrupt=True,
+                         transform=build_transform("none", 8, train=False))  # fmt: skip
+    batches = epoch_batches(stream, num_workers)
+    seen = [key for batch in batches for key in batch["key"]]
+    skipped = [entry for batch in batches for entry in batch["skipped"]]
+    assert sorted(seen) == sorted(set(keys) - bad)
+    assert len(skipped) == len(bad) == 6
+    reasons = " | ".join(reason for _, _, reason in skipped)
+    assert (
+        "cannot read shard" in reasons and "cannot identify image" in reasons and "no label member" in reasons
+    )
+    assert {"val1_00003", "val2_00005"} <= {key for _, key, _ in skipped}
+
+
+def test_without_skipping_the_first_unreadable_sample_is_an_error(corrupt_split):
+    folder, _, _ = corrupt_split
+    stream = ShardStream(resolve_shards(str(folder)).shards, train=False, batch_size=4,
+                         transform=build_transform("none", 8, train=False))  # fmt: skip
+    with pytest.raises(ShardError, match="val-000000.tar"):
+        epoch_batches(stream, 0)
+
+
+def test_warnings_are_rate_limited_and_name_the_shard_and_key(caplog):
+    ledger = SkipLedger("train", planned=10_000, max_fraction=0.01, warn_every=60)
+    with caplog.at_level(logging.WARNING, logger="project.data"):
+        for i in range(5):
+            ledger.record([("s3.tar", f"key{i}", "cannot identify image")])
+    assert ledger.skipped == 5
+    assert len(caplog.records) == 1
+    assert "key0" in caplog.text and "s3.tar" in caplog.text
+
+
+def test_too_many_skips_stop_the_epoch_naming_the_worst_shards():
+    ledger = SkipLedger("train", planned=200, max_fraction=0.01)
+    ledger.record([("good.tar", "a", "x")])
+    ledger.record([("good.tar", "b", "x")])  # 2 of 200 = 1%: still allowed
+    with pytest.raises(
+        ShardError, match=r"3 of the 200 train samples .* worst shards: good.tar \(2\), bad.tar \(1\)"
+    ):
+        ledger.record([("bad.tar", "c", "x")])
+
+
+def cli_args(folder: Path, *extra: str) -> list[str]:
+    return [
+        *(
+            f"--data.train={folder}",
+            f"--data.val={folder}",
+            f"--data.test={folder}",
+            "--data.classes=[a,b,c]",
+        ),
+        *("--data.image_size=8", "--data.batch_size=4", "--trainer.max_epochs=1"),
+        "--trainer.enable_progress_bar=false",
+        *extra,
+    ]
+
+
+def test_training_stops_with_a_clear_error_past_the_limit(corrupt_split, tmp_path):
+    folder, _, _ = corrupt_split
+    args = cli_args(folder, "--data.num_workers=0", "--trainer.num_sanity_val_steps=0")
+    result = run_module("project.train", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1, result.stderr[-3000:]
+    assert (
+        "of the 40 train samples of this epoch are unreadable, more than data.max_skipped_fraction=0.01"
+        in error[0]
+    )
+    assert "worst shards: " in error[0] and ".tar (" in error[0]
+
+
+def test_evaluation_reports_how_many_samples_it_skipped(corrupt_split, tmp_path):
+    folder, _, _ = corrupt_split
+    trained = run_module("project.train", *cli_args(folder, "--data.num_workers=2", "--data.max_skipped_fraction=0.5"),
+                         cwd=tmp_path)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    ckpt = tmp_path / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt"
+    result = run_module("project.evaluate", f"--ckpt_path={ckpt}", "--split=test", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert metrics["test/skipped"] == 6
