@@ -129,8 +129,8 @@ def test_training_stops_with_a_clear_error_past_the_limit(corrupt_split, tmp_pat
 
 def test_evaluation_reports_how_many_samples_it_skipped(corrupt_split, tmp_path):
     folder, _, _ = corrupt_split
-    trained = run_module("project.train", *cli_args(folder, "--data.num_workers=2", "--data.max_skipped_fraction=0.5"),
-                         cwd=tmp_path)  # fmt: skip
+    args = cli_args(folder, "--data.num_workers=2", "--data.max_skipped_fraction=0.5")
+    trained = run_module("project.train", *args, cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     ckpt = tmp_path / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt"
     result = run_module("project.evaluate", f"--ckpt_path={ckpt}", "--split=test", cwd=tmp_path)
