@@ -89,6 +89,8 @@ class ShardDataModule(L.LightningDataModule):
         prefetch_factor: batches each worker prepares ahead.
         max_skipped_fraction: unreadable samples (a truncated shard, a bad image, a missing label) are
             skipped, counted and logged as <stage>/skipped; past this share of an epoch the run stops.
+        cache_dir: keep local copies of remote (http, s3, ...) shards in this folder; None streams them.
+        cache_gb: the most the cache folder may hold, in GB; the least recently used copies go first.
     """
 
     def __init__(
@@ -107,6 +109,8 @@ class ShardDataModule(L.LightningDataModule):
         pin_memory: bool | None = None,
         prefetch_factor: int = 2,
         max_skipped_fraction: float = 0.01,
+        cache_dir: str | None = None,
+        cache_gb: float = 50.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -126,6 +130,7 @@ class ShardDataModule(L.LightningDataModule):
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.prefetch_factor = prefetch_factor
         self.max_skipped_fraction = max_skipped_fraction
+        self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
         self._ledgers: dict[tuple, SkipLedger] = {}  # the current pass's
         self._resume_position: dict | None = None
         self._loaders: dict[str, EpochLoader] = {}
@@ -181,6 +186,8 @@ class ShardDataModule(L.LightningDataModule):
             decode_size=self.image_size,
             num_workers=self.num_workers,
             skip_corrupt=True,
+            cache_dir=self.cache_dir,
+            cache_bytes=self.cache_bytes,
         )
         trainer = self.trainer
         if trainer is not None:

@@ -7,6 +7,7 @@ replaces its node and worker splitters, whose shard-level split cannot give equa
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import tarfile
@@ -18,7 +19,6 @@ from typing import IO
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
-from webdataset.gopen import gopen
 from webdataset.tariterators import base_plus_ext
 
 from project.data.decode import WANTED_EXTENSIONS, DecodeError, decode_sample
@@ -31,7 +31,8 @@ from project.data.plan import (
     total_batches,
     train_plan,
 )
-from project.data.shards import Shard, local_path
+from project.data.remote import open_url
+from project.data.shards import Shard
 from project.data.transforms import to_uint8_tensor
 from project.errors import ShardError
 
@@ -42,7 +43,11 @@ Batch = dict
 
 
 def read_samples(
-    url: str, start: int = 0, stop: int | None = None, extensions: frozenset[str] = WANTED_EXTENSIONS
+    url: str,
+    start: int = 0,
+    stop: int | None = None,
+    extensions: frozenset[str] = WANTED_EXTENSIONS,
+    open_stream: Callable[[str], IO[bytes]] = open_url,
 ) -> Iterator[dict]:
     """Samples [start, stop) of one shard, as {"__key__", "__url__", ext: bytes} for wanted extensions.
 
@@ -51,7 +56,7 @@ def read_samples(
     does not select, so keys could not be counted past them without reading them.)
     """
     try:
-        stream = gopen(local_path(url), "rb")
+        stream = open_stream(url)
     except OSError as error:
         raise ShardError(f"cannot open shard {url}: {error.strerror or error}") from None
     last_key, position, current = None, -1, None
@@ -132,6 +137,8 @@ class ShardStream(IterableDataset):
         num_workers: the DataLoader's worker count (the plan is split across max(1, num_workers)).
         skip_corrupt: leave out unreadable samples (reported in each batch's "skipped") instead of
             raising a `ShardError`.
+        cache_dir: keep local copies of remote shards here (None: stream them without a copy).
+        cache_bytes: the most the cache folder may hold; least recently used copies go first.
     """
 
     def __init__(
@@ -147,6 +154,8 @@ class ShardStream(IterableDataset):
         decode_size: int | None = None,
         num_workers: int = 0,
         skip_corrupt: bool = False,
+        cache_dir: str | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         self.shards = list(shards)
         self.train = train
@@ -158,6 +167,7 @@ class ShardStream(IterableDataset):
         self.decode_size = decode_size
         self.num_workers = max(1, num_workers)
         self.skip_corrupt = skip_corrupt
+        self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self.epoch = 0
         self.world_size, self.rank = 1, 0
         self.batches_done = 0
@@ -244,7 +254,9 @@ class ShardStream(IterableDataset):
             shard = self.shards[segment.shard]
             seen, reason = 0, ""
             try:
-                for sample in read_samples(shard.url, segment.start, segment.stop):
+                for sample in read_samples(
+                    shard.url, segment.start, segment.stop, open_stream=self.open_stream
+                ):
                     seen += 1
                     yield sample
             except ShardError as error:

@@ -74,12 +74,10 @@ def _resolve_url(url: str, base: str) -> str:
 
 
 def _read_text(url: str) -> str:
-    if is_remote(url):
-        from webdataset.gopen import gopen  # imported lazily: it pulls in torch
+    from project.data.remote import open_url
 
-        with gopen(url, "rb") as stream:
-            return stream.read().decode("utf-8")
-    return Path(local_path(url)).read_text(encoding="utf-8")
+    with open_url(url) as stream:
+        return stream.read().decode("utf-8")
 
 
 def read_index(url: str, check_exists: bool = True) -> ShardIndex:
