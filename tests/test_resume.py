@@ -107,13 +107,12 @@ def test_sigterm_saves_the_current_step_and_ckpt_path_last_finishes_like_an_unin
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     with open(tmp_path / "cut.err", "w") as errors:
         command = [sys.executable, "-m", "project.train", *args]
-        process = subprocess.Popen(
-            command, cwd=tmp_path / "cut", env=env, stdout=subprocess.PIPE, stderr=errors, text=True
-        )
+        options = dict(cwd=tmp_path / "cut", env=env, stderr=errors, text=True, start_new_session=True)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, **options)
         for line in process.stdout:
             if line.startswith("STEP 1"):
                 break
-        process.send_signal(signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGTERM)  # like a preemption: every process of the job, workers too
         sent = time.monotonic()
         process.stdout.read()
         returncode = process.wait(timeout=30)

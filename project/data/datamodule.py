@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from functools import cached_property
 from typing import Any
 
@@ -20,6 +21,15 @@ from project.errors import UserError
 DataSpec = str | list[str]
 
 
+def ignore_sigterm(worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM to the main process, which saves a checkpoint and then stops them.
+
+    A preemption often signals every process of the job; a worker killed by it would make the main
+    process fail on its next batch instead of checkpointing.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 class EpochLoader(DataLoader):
     """A DataLoader that sets its ShardStream's epoch before each pass, and resumes mid-epoch.
 
@@ -33,7 +43,7 @@ class EpochLoader(DataLoader):
         self, dataset: ShardStream, datamodule: ShardDataModule | None = None, **kwargs: Any
     ) -> None:
         dataset.num_workers = max(1, kwargs.get("num_workers", 0))  # the plan splits over these workers
-        super().__init__(dataset, batch_size=None, **kwargs)
+        super().__init__(dataset, batch_size=None, worker_init_fn=ignore_sigterm, **kwargs)
         self.datamodule = datamodule
 
     def __iter__(self):  # noqa: ANN204
