@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from project.data.demo import make_demo
@@ -173,3 +174,44 @@ def test_resuming_with_another_world_size_continues(ddp_run, data, tmp_path):
     epoch = load_records(tmp_path / "records")[0]["train"]["2"]
     keys = [k for batch in epoch for k in batch]
     assert len(epoch) == 250 // BATCH and len(keys) == len(set(keys))
+
+
+def test_ddp_resumes_mid_epoch_exactly_on_every_rank(data, tmp_path):
+    """2 ranks x 2 workers: resumed from a step-5 checkpoint (an odd batch count, mid epoch 0), each rank
+    continues with exactly the batches the uninterrupted run had next, and the weights end equal."""
+    every_5 = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(tmp_path / "steps"), "filename": "{step}", "every_n_train_steps": 5,
+                      "save_top_k": -1},
+    }  # fmt: skip
+    common = [
+        *("--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--trainer.deterministic=true"),
+        *(
+            f"--data.root={data}",
+            "--data.image_size=16",
+            f"--data.batch_size={BATCH}",
+            "--data.num_workers=2",
+        ),
+        *("--data.augment=light", "--trainer.max_epochs=2", *QUIET),
+    ]
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "resumed").mkdir()
+    whole = run_module("project.train", *common, recorder(tmp_path / "r_whole"),
+                       f"--trainer.callbacks+={json.dumps(every_5)}", cwd=tmp_path / "whole")  # fmt: skip
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    step_5 = f"--ckpt_path={tmp_path / 'steps' / 'step=5.ckpt'}"
+    resumed = run_module(
+        "project.train", *common, recorder(tmp_path / "r_resumed"), step_5, cwd=tmp_path / "resumed"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    before, after = load_records(tmp_path / "r_whole"), load_records(tmp_path / "r_resumed")
+    for rank in (0, 1):
+        expected = before[rank]["train"]["0"][5:] + before[rank]["train"]["1"]
+        assert after[rank]["train"]["0"] + after[rank]["train"]["1"] == expected, rank
+    final = torch.load(tmp_path / "resumed/logs/demo/version_0/checkpoints/last.ckpt", weights_only=True)
+    reference = torch.load(tmp_path / "whole/logs/demo/version_0/checkpoints/last.ckpt", weights_only=True)
+    diff = max(
+        (final["state_dict"][k] - reference["state_dict"][k]).abs().max().item()
+        for k in reference["state_dict"]
+    )
+    assert diff == 0.0
