@@ -39,9 +39,7 @@ class ProjectCLI(LightningCLI):
         **kwargs: passed on to LightningCLI.
     """
 
-    def __init__(
-        self, args: list[str] | None = None, extra_config_files: list[str] = (), **kwargs: Any
-    ) -> None:
+    def __init__(self, args: list[str] | None = None, extra_config_files: list[str] = (), **kwargs: Any) -> None:
         if not DEFAULT_CONFIG.exists():
             raise FileNotFoundError(f"default config missing: {DEFAULT_CONFIG}")
         parser_kwargs = {"default_config_files": [str(DEFAULT_CONFIG), *extra_config_files]}
@@ -95,9 +93,7 @@ class ProjectCLI(LightningCLI):
         runs = [p for p in experiment.glob("version_*") if (p / "checkpoints" / "last.ckpt").is_file()]
         runs = [p for p in runs if p.name.split("_", 1)[1].isdigit()]
         if not runs:
-            raise UserError(
-                f"--ckpt_path last: no run in {experiment} has checkpoints/last.ckpt to resume from"
-            )
+            raise UserError(f"--ckpt_path last: no run in {experiment} has checkpoints/last.ckpt to resume from")
         latest = max(runs, key=lambda p: int(p.name.split("_", 1)[1]))
         self.config.ckpt_path = str(latest / "checkpoints" / "last.ckpt")
         init_args.version = int(latest.name.split("_", 1)[1])

@@ -24,9 +24,7 @@ from project.errors import UserError, run_main
 class EvaluateCLI(ProjectCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
-        parser.add_argument(
-            "--split", type=Literal["val", "test"], default="test", help="The split to evaluate."
-        )
+        parser.add_argument("--split", type=Literal["val", "test"], default="test", help="The split to evaluate.")
 
 
 def run_config(ckpt_path: Path) -> list[str]:

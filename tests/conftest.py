@@ -73,9 +73,7 @@ def tiny_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run_module(
-    module: str, *args: str, cwd: Path | None = None, timeout: int = 300
-) -> subprocess.CompletedProcess:
+def run_module(module: str, *args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `python -m module args` as a user would, capturing its output.
 
     The command gets its own process group, so that on a timeout every process it started (DDP ranks,

@@ -131,9 +131,7 @@ def test_evaluate_needs_an_existing_checkpoint(tmp_path):
     assert_user_error(result, "checkpoint not found: missing.ckpt")
 
 
-@pytest.mark.parametrize(
-    "config", sorted(p.relative_to(REPO).as_posix() for p in (REPO / "configs").rglob("*.yaml"))
-)
+@pytest.mark.parametrize("config", sorted(p.relative_to(REPO).as_posix() for p in (REPO / "configs").rglob("*.yaml")))
 def test_every_config_file_is_accepted(config, tmp_path):
     result = run_module("project.train", "--config", str(REPO / config), "--print_config", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -65,9 +65,7 @@ def test_each_unreadable_sample_is_skipped_and_counted_once(corrupt_split, num_w
     assert sorted(seen) == sorted(set(keys) - bad)
     assert len(skipped) == len(bad) == 6
     reasons = " | ".join(reason for _, _, reason in skipped)
-    assert (
-        "cannot read shard" in reasons and "cannot identify image" in reasons and "no label member" in reasons
-    )
+    assert "cannot read shard" in reasons and "cannot identify image" in reasons and "no label member" in reasons
     assert {"val1_00003", "val2_00005"} <= {key for _, key, _ in skipped}
 
 
@@ -93,9 +91,7 @@ def test_too_many_skips_stop_the_epoch_naming_the_worst_shards():
     ledger = SkipLedger("train", planned=200, max_fraction=0.01)
     ledger.record([("good.tar", "a", "x")])
     ledger.record([("good.tar", "b", "x")])  # 2 of 200 = 1%: still allowed
-    with pytest.raises(
-        ShardError, match=r"3 of the 200 train samples .* worst shards: good.tar \(2\), bad.tar \(1\)"
-    ):
+    with pytest.raises(ShardError, match=r"3 of the 200 train samples .* worst shards: good.tar \(2\), bad.tar \(1\)"):
         ledger.record([("bad.tar", "c", "x")])
 
 
@@ -120,10 +116,7 @@ def test_training_stops_with_a_clear_error_past_the_limit(corrupt_split, tmp_pat
     assert result.returncode == 2, result.stderr[-3000:]
     error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1, result.stderr[-3000:]
-    assert (
-        "of the 40 train samples of this epoch are unreadable, more than data.max_skipped_fraction=0.01"
-        in error[0]
-    )
+    assert "of the 40 train samples of this epoch are unreadable, more than data.max_skipped_fraction=0.01" in error[0]
     assert "worst shards: " in error[0] and ".tar (" in error[0]
 
 

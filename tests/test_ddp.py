@@ -200,9 +200,7 @@ def test_ddp_resumes_mid_epoch_exactly_on_every_rank(data, tmp_path):
                        f"--trainer.callbacks+={json.dumps(every_5)}", cwd=tmp_path / "whole")  # fmt: skip
     assert whole.returncode == 0, whole.stderr[-4000:]
     step_5 = f"--ckpt_path={tmp_path / 'steps' / 'step=5.ckpt'}"
-    resumed = run_module(
-        "project.train", *common, recorder(tmp_path / "r_resumed"), step_5, cwd=tmp_path / "resumed"
-    )
+    resumed = run_module("project.train", *common, recorder(tmp_path / "r_resumed"), step_5, cwd=tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     before, after = load_records(tmp_path / "r_whole"), load_records(tmp_path / "r_resumed")
     for rank in (0, 1):
@@ -211,7 +209,6 @@ def test_ddp_resumes_mid_epoch_exactly_on_every_rank(data, tmp_path):
     final = torch.load(tmp_path / "resumed/logs/demo/version_0/checkpoints/last.ckpt", weights_only=True)
     reference = torch.load(tmp_path / "whole/logs/demo/version_0/checkpoints/last.ckpt", weights_only=True)
     diff = max(
-        (final["state_dict"][k] - reference["state_dict"][k]).abs().max().item()
-        for k in reference["state_dict"]
+        (final["state_dict"][k] - reference["state_dict"][k]).abs().max().item() for k in reference["state_dict"]
     )
     assert diff == 0.0

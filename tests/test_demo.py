@@ -25,9 +25,7 @@ def test_same_seed_same_bytes_whatever_the_workers_and_other_seed_differs(tmp_pa
 
 
 def test_splits_are_indexed_balanced_and_labelled(tmp_path):
-    root = make_demo(
-        tmp_path, train=50, val=30, test=30, image_size=16, samples_per_shard=20, workers=1, quiet=True
-    )
+    root = make_demo(tmp_path, train=50, val=30, test=30, image_size=16, samples_per_shard=20, workers=1, quiet=True)
     assert demo_is_complete(root)
     for split in SPLITS:
         data = json.loads((root / split / INDEX_NAME).read_text())

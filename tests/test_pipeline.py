@@ -83,8 +83,7 @@ def test_training_epochs_never_repeat_change_order_and_reproduce(shard_folder):
 def test_training_ranks_get_equal_batches_and_disjoint_samples(shard_folder):
     folder, keys = shard_folder([5, 11, 3])  # 19 samples, 2 ranks x batch 4: 2 batches each, 3 dropped
     per_rank = [
-        epoch_batches(stream_for(folder, train=True, num_workers=2, world_size=2, rank=rank), 2)
-        for rank in range(2)
+        epoch_batches(stream_for(folder, train=True, num_workers=2, world_size=2, rank=rank), 2) for rank in range(2)
     ]
     assert [len(b) for b in per_rank] == [2, 2]
     seen = keys_of(per_rank[0]) + keys_of(per_rank[1])
@@ -149,9 +148,7 @@ def test_shards_stream_from_a_url_through_their_remote_index(shard_folder, tmp_p
         url = f"http://127.0.0.1:{server.server_port}/val/shardindex.json"
         index = resolve_shards(url)
         assert index.shards[0].url == f"http://127.0.0.1:{server.server_port}/val/val-000000.tar"
-        stream = ShardStream(
-            index.shards, train=False, batch_size=4, transform=build_transform("none", 8, False)
-        )
+        stream = ShardStream(index.shards, train=False, batch_size=4, transform=build_transform("none", 8, False))
         assert sorted(keys_of(epoch_batches(stream, 2))) == sorted(keys)
     finally:
         server.shutdown()

@@ -58,9 +58,7 @@ class FlakyHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture
 def server(tmp_path):
     handler = type("Handler", (FlakyHandler,), {"cut": set(), "requests": []})
-    httpd = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(handler, directory=str(tmp_path))
-    )
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(tmp_path)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_port}", handler
     httpd.shutdown()
@@ -76,9 +74,7 @@ def test_a_dropped_connection_resumes_from_the_byte_it_reached(server, shard_fol
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_streaming_through_dropped_connections_reads_every_sample_exactly_once(
-    server, shard_folder, num_workers
-):
+def test_streaming_through_dropped_connections_reads_every_sample_exactly_once(server, shard_folder, num_workers):
     url, handler = server
     folder, keys = shard_folder([12, 7, 9], name="val")
     index = resolve_shards(f"{url}/val/shardindex.json")
@@ -120,9 +116,7 @@ def test_an_explicit_pipe_url_runs_its_command(shard_folder):
 @pytest.mark.slow
 def test_training_from_a_flaky_http_server_sees_the_exact_samples(server, tmp_path):
     url, handler = server
-    make_demo(
-        tmp_path / "d", train=120, val=30, test=30, image_size=16, samples_per_shard=40, workers=1, quiet=True
-    )
+    make_demo(tmp_path / "d", train=120, val=30, test=30, image_size=16, samples_per_shard=40, workers=1, quiet=True)
     recorder = {
         "class_path": "tests.helpers.RecordBatches",
         "init_args": {"folder": str(tmp_path / "records")},

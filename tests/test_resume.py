@@ -62,26 +62,20 @@ def keys_from(records: dict, start_epoch: int, start_batch: int) -> list[str]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_weights(
-    data, tmp_path, workers
-):
+def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_weights(data, tmp_path, workers):
     every_7_steps = {
         "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
         "init_args": {"dirpath": str(tmp_path / "steps"), "filename": "{step}", "every_n_train_steps": 7,
                       "save_top_k": -1},
     }  # fmt: skip
     checkpoints = f"--trainer.callbacks+={json.dumps(every_7_steps)}"
-    whole = run_module(
-        "project.train", *train_args(data, workers, tmp_path / "whole", checkpoints), cwd=tmp_path
-    )
+    whole = run_module("project.train", *train_args(data, workers, tmp_path / "whole", checkpoints), cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     uninterrupted = load_records(tmp_path / "whole")
 
     for step in (7, 21):  # mid epoch 0 (batch 7), and mid epoch 1 (batch 3: an odd count rotates the workers)
         ckpt = tmp_path / "steps" / f"step={step}.ckpt"
-        loader_state = torch.load(ckpt, weights_only=True)["loops"]["fit_loop"]["state_dict"][
-            "combined_loader"
-        ]
+        loader_state = torch.load(ckpt, weights_only=True)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
         assert loader_state[0]["batches"] == step % 18 and loader_state[0]["epoch"] == step // 18
         resumed = run_module("project.train", *train_args(data, workers, tmp_path / f"from{step}"),
                              f"--ckpt_path={ckpt}", cwd=tmp_path)  # fmt: skip

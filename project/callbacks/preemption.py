@@ -26,9 +26,7 @@ def last_checkpoint_path(trainer: L.Trainer) -> Path:
 class PreemptionCheckpoint(L.Callback):
     """Save checkpoints/last.ckpt at the current step when the run receives SIGTERM."""
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.sanity_checking or trainer.fast_dev_run:
             return
         path = last_checkpoint_path(trainer)

@@ -39,9 +39,7 @@ class EpochLoader(DataLoader):
     the model asks for `estimated_stepping_batches`).
     """
 
-    def __init__(
-        self, dataset: ShardStream, datamodule: ShardDataModule | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, dataset: ShardStream, datamodule: ShardDataModule | None = None, **kwargs: Any) -> None:
         dataset.num_workers = max(1, kwargs.get("num_workers", 0))  # the plan splits over these workers
         super().__init__(dataset, batch_size=None, worker_init_fn=ignore_sigterm, **kwargs)
         self.datamodule = datamodule
@@ -246,13 +244,7 @@ class ShardDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is None or not batch.get("skipped"):
             return batch
-        stage = (
-            "train"
-            if trainer.training
-            else "val"
-            if (trainer.validating or trainer.sanity_checking)
-            else "test"
-        )
+        stage = "train" if trainer.training else "val" if (trainer.validating or trainer.sanity_checking) else "test"
         epoch = trainer.current_epoch
         ledger = self._ledgers.get(stage)
         if ledger is None or ledger.epoch != epoch:

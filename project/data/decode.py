@@ -36,6 +36,10 @@ def decode_image(data: bytes, size: int | None = None) -> Image.Image:
     if size is not None and image.format == "JPEG":
         # draft mode decodes at 1/2, 1/4 or 1/8 scale, never below the requested size: far less work
         image.draft("RGB", (size, size))
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        # 16-bit (and 32-bit) grey: PIL's convert("RGB") would clip everything above 255 to white
+        array = np.asarray(image, dtype=np.float32)
+        image = Image.fromarray(np.clip(array / 257.0, 0, 255).astype(np.uint8), mode="L")
     return image.convert("RGB")
 
 

@@ -37,10 +37,7 @@ def _regular(n: int, inner: float | None = None) -> list[tuple[float, float]]:
     """A regular n-gon (or a star, alternating with radius `inner`) in unit coordinates."""
     steps = n * 2 if inner else n
     radii = [1.0 if i % 2 == 0 or not inner else inner for i in range(steps)]
-    return [
-        (r * math.cos(2 * math.pi * i / steps), r * math.sin(2 * math.pi * i / steps))
-        for i, r in enumerate(radii)
-    ]
+    return [(r * math.cos(2 * math.pi * i / steps), r * math.sin(2 * math.pi * i / steps)) for i, r in enumerate(radii)]
 
 
 POLYGONS = {
@@ -90,9 +87,7 @@ def _shape_mask(name: str, size: int, rng: np.random.Generator) -> np.ndarray:
         circle(cx + offset * math.cos(angle), cy + offset * math.sin(angle), radius * 0.85, 0)
     else:
         cos, sin = math.cos(angle), math.sin(angle)
-        points = [
-            (cx + radius * (x * cos - y * sin), cy + radius * (x * sin + y * cos)) for x, y in POLYGONS[name]
-        ]
+        points = [(cx + radius * (x * cos - y * sin), cy + radius * (x * sin + y * cos)) for x, y in POLYGONS[name]]
         draw.polygon(points, fill=255)
     return np.asarray(mask.resize((size, size), Image.Resampling.BOX), dtype=np.float32)[:, :, None] / 255
 
@@ -169,9 +164,7 @@ def make_demo(
     """Write the demo task into OUT/{train,val,test}, each with shards and a shard index."""
     sizes = {"train": train, "val": val, "test": test}
     if min(sizes.values()) < 1 or image_size < 8 or samples_per_shard < 1:
-        raise UserError(
-            "demo needs at least 1 sample per split, --image-size >= 8 and --samples-per-shard >= 1"
-        )
+        raise UserError("demo needs at least 1 sample per split, --image-size >= 8 and --samples-per-shard >= 1")
     out = Path(out)
     jobs: dict[str, list[ShardJob]] = {}
     for split, total in sizes.items():
@@ -229,9 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val", type=int, default=2000, help="validation samples (default 2000)")
     parser.add_argument("--test", type=int, default=2000, help="test samples (default 2000)")
     parser.add_argument("--image-size", type=int, default=32, help="image side in pixels (default 32)")
-    parser.add_argument(
-        "--samples-per-shard", type=int, default=1000, help="samples per shard (default 1000)"
-    )
+    parser.add_argument("--samples-per-shard", type=int, default=1000, help="samples per shard (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="seed: the same seed writes the same bytes")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: up to 4)")
     args = parser.parse_args(argv)

@@ -201,9 +201,7 @@ class ShardStream(IterableDataset):
         info = get_worker_info()
         worker = info.id if info is not None else 0
         if (info.num_workers if info is not None else 1) != self.num_workers:
-            raise RuntimeError(
-                f"ShardStream planned for {self.num_workers} workers, runs in a different count"
-            )
+            raise RuntimeError(f"ShardStream planned for {self.num_workers} workers, runs in a different count")
         plans = self.plans()
         index, done = resume_point(self.batches_done, len(plans), worker)
         plan = plans[index]
@@ -229,9 +227,7 @@ class ShardStream(IterableDataset):
         with torch.random.fork_rng(devices=[]):
             if plan.shuffle_seed is not None:
                 # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
-                torch.manual_seed(
-                    int(np.random.SeedSequence([plan.shuffle_seed, number]).generate_state(1)[0])
-                )
+                torch.manual_seed(int(np.random.SeedSequence([plan.shuffle_seed, number]).generate_state(1)[0]))
             for sample in samples:
                 if isinstance(sample, Missing):
                     skipped.append((sample.url, f"sample {sample.position}", sample.reason))
@@ -254,9 +250,7 @@ class ShardStream(IterableDataset):
             shard = self.shards[segment.shard]
             seen, reason = 0, ""
             try:
-                for sample in read_samples(
-                    shard.url, segment.start, segment.stop, open_stream=self.open_stream
-                ):
+                for sample in read_samples(shard.url, segment.start, segment.stop, open_stream=self.open_stream):
                     seen += 1
                     yield sample
             except ShardError as error:
@@ -271,9 +265,7 @@ class ShardStream(IterableDataset):
                 yield Missing(shard.url, position, reason)
 
 
-def collate(
-    items: list[tuple[torch.Tensor, int, str]], skipped: Sequence[tuple[str, str, str]] = ()
-) -> Batch:
+def collate(items: list[tuple[torch.Tensor, int, str]], skipped: Sequence[tuple[str, str, str]] = ()) -> Batch:
     """Stack a batch; `skipped` lists (shard url, key, reason) of the samples left out of it."""
     images, labels, keys = zip(*items, strict=True)
     return {

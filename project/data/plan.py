@@ -137,16 +137,12 @@ def eval_plan(
             f"batch_size {batch_size}: raise data.batch_size or add samples"
         )
     begin = sum(rank_sizes[:rank])
-    batch_sizes = [stop - start for start, stop in split_evenly(rank_sizes[rank], max(nbatches, 1))][
-        :nbatches
-    ]
+    batch_sizes = [stop - start for start, stop in split_evenly(rank_sizes[rank], max(nbatches, 1))][:nbatches]
     order = shard_order(len(counts), 0, 0, shuffle=False)
     plans = []
     for first, last in split_evenly(nbatches, num_workers):
         end = begin + sum(batch_sizes[first:last])
-        plans.append(
-            WorkerPlan(slice_stream(counts, order, begin, end), tuple(batch_sizes[first:last]), None)
-        )
+        plans.append(WorkerPlan(slice_stream(counts, order, begin, end), tuple(batch_sizes[first:last]), None))
         begin = end
     return plans
 

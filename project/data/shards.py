@@ -91,9 +91,7 @@ def read_index(url: str, check_exists: bool = True) -> ShardIndex:
     try:
         data = json.loads(text)
         entries = data["shardlist"]
-        shards = [
-            Shard(_resolve_url(str(e["url"]), url), int(e["nsamples"]), e.get("filesize")) for e in entries
-        ]
+        shards = [Shard(_resolve_url(str(e["url"]), url), int(e["nsamples"]), e.get("filesize")) for e in entries]
     except (ValueError, KeyError, TypeError) as error:
         raise UserError(f"{url} is not a shard index ({INDEX_KIND} with a 'shardlist'): {error!r}") from None
     if check_exists:
@@ -126,9 +124,7 @@ def write_index(
         "__kind__": INDEX_KIND,
         "wids_version": 1,
         "name": name or folder.name,
-        "shardlist": [
-            {"url": relative(s.url), "nsamples": s.nsamples, "filesize": s.filesize} for s in shards
-        ],
+        "shardlist": [{"url": relative(s.url), "nsamples": s.nsamples, "filesize": s.filesize} for s in shards],
     }
     if classes is not None:
         data["classes"] = list(classes)

@@ -59,10 +59,7 @@ class ImageClassifier(L.LightningModule):
         self.register_buffer("scale", 1 / (255 * std_tensor), persistent=False)
         self.register_buffer("shift", mean_tensor / std_tensor, persistent=False)
         self.metrics = nn.ModuleDict(
-            {
-                f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro")
-                for stage in ("train", "val", "test")
-            }
+            {f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro") for stage in ("train", "val", "test")}
         )
         self.mean_loss = nn.ModuleDict({f"{stage}_loss": MeanMetric() for stage in ("val", "test")})
         # samples the data stream could not read (see ShardDataModule.max_skipped_fraction)
@@ -104,9 +101,7 @@ class ImageClassifier(L.LightningModule):
         self._step(batch, "test")
 
     def configure_optimizers(self):  # noqa: ANN201
-        optimizer = torch.optim.AdamW(
-            self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay
-        )
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
         if self.hparams.schedule == "constant":
             return optimizer
         # the total is this run's, read when the optimizer is (re)built: a resumed run that is longer, or

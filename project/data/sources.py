@@ -1,0 +1,210 @@
+"""Where `prepare` reads samples from: an ImageFolder tree, a CSV or JSONL listing, a torchvision dataset,
+or existing tar shards. Each source lists picklable `Record`s; `read_record` returns a record's bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from project.errors import UserError
+
+IMAGE_SUFFIXES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
+CONVERTED_SUFFIXES = {".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}  # stored as PNG
+
+
+@dataclass(frozen=True)
+class Record:
+    """One sample to write: its key, integer label, where its image is, and a split it must go to."""
+
+    key: str
+    label: int
+    kind: str  # "file", "tar" or "torchvision"
+    where: tuple  # file: (path,); tar: (url, member name); torchvision: (name, root, train, index)
+    size: int = 0  # bytes, when known before reading
+    split: str | None = None  # a split fixed by the source (torchvision's official test set)
+
+
+def sanitize_key(relative: str) -> str:
+    """A stable, unique sample key from a relative path: webdataset splits keys at the first dot."""
+    return re.sub(r"[^A-Za-z0-9_/-]", "_", relative.replace(os.sep, "/"))
+
+
+def _labels_to_classes(labels: list[str]) -> tuple[list[int], list[str]]:
+    """Integer labels and class names from label texts: all integers keep their values, else names sort."""
+    if all(re.fullmatch(r"-?\d+", label) for label in labels):
+        values = [int(label) for label in labels]
+        if min(values, default=0) < 0:
+            raise UserError("labels must not be negative")
+        return values, [str(i) for i in range(max(values, default=-1) + 1)]
+    classes = sorted(set(labels))
+    lookup = {name: i for i, name in enumerate(classes)}
+    return [lookup[label] for label in labels], classes
+
+
+def image_folder(root: Path) -> tuple[list[Record], list[str]]:
+    """ROOT/<class>/<...>/<image>: one class per top-level folder, images at any depth below it."""
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise UserError(f"{root} has no class folders: expected ROOT/<class>/<image>")
+    records = []
+    for label, name in enumerate(classes):
+        for path in sorted((root / name).rglob("*")):
+            suffix = path.suffix.lower()
+            if path.is_file() and (suffix in IMAGE_SUFFIXES or suffix in CONVERTED_SUFFIXES):
+                relative = str(path.relative_to(root))
+                records.append(Record(sanitize_key(relative), label, "file", (str(path),), path.stat().st_size))
+    if not records:
+        raise UserError(f"no images in the class folders of {root}")
+    return records, classes
+
+
+def listing(path: Path) -> tuple[list[Record], list[str]]:
+    """A CSV (header with `path` and `label` columns) or JSONL ({"path": ..., "label": ...} per line);
+    paths are relative to the listing's folder."""
+    rows: list[dict] = []
+    with open(path, newline="", encoding="utf-8") as stream:
+        if path.suffix.lower() == ".csv":
+            rows = list(csv.DictReader(stream))
+        else:
+            for number, line in enumerate(stream, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as error:
+                        raise UserError(f"{path}:{number} is not JSON: {error}") from None
+    if not rows or not {"path", "label"} <= set(rows[0]):
+        raise UserError(f"{path} needs 'path' and 'label' columns (found {sorted(rows[0]) if rows else 'no rows'})")
+    labels, classes = _labels_to_classes([str(row["label"]).strip() for row in rows])
+    records = []
+    for row, label in zip(rows, labels, strict=True):
+        file = (path.parent / row["path"]).resolve()
+        if not file.is_file():
+            raise UserError(f"{path} lists a missing image: {row['path']}")
+        records.append(Record(sanitize_key(str(row["path"])), label, "file", (str(file),), file.stat().st_size))
+    return records, classes
+
+
+def torchvision_dataset(name: str, root: Path, download: bool) -> tuple[list[Record], list[str]]:
+    """torchvision.datasets.NAME under ROOT; its train set feeds train/val, its test set becomes test."""
+    import torchvision.datasets
+
+    cls = getattr(torchvision.datasets, name, None)
+    if cls is None:
+        raise UserError(f"torchvision has no dataset {name!r}")
+    records, classes = [], None
+    for train in (True, False):
+        try:
+            dataset = cls(str(root), train=train, download=download)
+        except RuntimeError as error:
+            raise UserError(f"torchvision:{name} not found in {root} ({error}); add --download") from None
+        classes = classes or [str(c) for c in getattr(dataset, "classes", [])]
+        split = "train" if train else "test"
+        for index, label in enumerate(_targets(dataset)):
+            key = f"{name.lower()}/{split}/{index:08d}"
+            records.append(Record(key, int(label), "torchvision", (name, str(root), train, index),
+                                  split=None if train else "test"))  # fmt: skip
+    labels = [r.label for r in records]
+    return records, classes or [str(i) for i in range(max(labels) + 1)]
+
+
+def _targets(dataset) -> list[int]:  # noqa: ANN001
+    targets = getattr(dataset, "targets", None)
+    if targets is None:
+        return [int(dataset[i][1]) for i in range(len(dataset))]
+    return [int(t) for t in targets]
+
+
+def tar_shards(spec: str) -> tuple[list[Record], list[str]]:
+    """Samples of existing shards (re-shard or re-split them), with their labels."""
+    from project.data.decode import IMAGE_EXTENSIONS, decode_label
+    from project.data.pipeline import read_samples
+    from project.data.shards import resolve_shards
+
+    index = resolve_shards(spec)
+    found: list[tuple[str, str, str, str, int]] = []  # url, key, image member, label text, size
+    for shard in index.shards:
+        for sample in read_samples(shard.url):
+            extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+            if extension is None:
+                continue
+            try:
+                label = str(decode_label(sample, index.classes))
+            except ValueError:
+                continue  # `index` lists such samples; prepare keeps only the usable ones
+            found.append((shard.url, sample["__key__"], extension, label, len(sample[extension])))
+    labels, classes = _labels_to_classes([label for *_, label, _ in found])
+    classes = index.classes or classes
+    records = [Record(sanitize_key(key), label, "tar", (url, key, ext), size)
+               for (url, key, ext, _, size), label in zip(found, labels, strict=True)]  # fmt: skip
+    return records, classes
+
+
+def read_record(record: Record) -> tuple[bytes, str]:
+    """(encoded image bytes, extension) of a record, unchanged where the source is encoded already."""
+    if record.kind == "file":
+        path = Path(record.where[0])
+        suffix = path.suffix.lower()
+        if suffix in IMAGE_SUFFIXES:
+            return path.read_bytes(), IMAGE_SUFFIXES[suffix]
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return encode(image, "png"), "png"
+    if record.kind == "tar":
+        url, key, extension = record.where
+        from project.data.pipeline import read_samples
+
+        for sample in read_samples(url, extensions=frozenset({extension})):
+            if sample["__key__"] == key:
+                return sample[extension], extension
+        raise UserError(f"{key} disappeared from {url}")
+    name, root, train, index = record.where
+    return encode(_open_torchvision(name, root, train)[index][0], "png"), "png"
+
+
+_TORCHVISION_CACHE: dict = {}
+
+
+def _open_torchvision(name: str, root: str, train: bool):  # noqa: ANN202
+    if (name, root, train) not in _TORCHVISION_CACHE:
+        import torchvision.datasets
+
+        _TORCHVISION_CACHE[(name, root, train)] = getattr(torchvision.datasets, name)(root, train=train)
+    return _TORCHVISION_CACHE[(name, root, train)]
+
+
+def encode(image, format: str, size: int | None = None) -> bytes:  # noqa: A002, ANN001
+    """Encode a PIL image (optionally resized so its shorter side is `size`) as jpg, png or webp."""
+    if size is not None:
+        scale = size / min(image.size)
+        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
+    if format == "jpg" and image.mode not in ("RGB", "L"):
+        image = image.convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format={"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}[format])
+    return buffer.getvalue()
+
+
+def load(
+    source: str, download: bool = False, torchvision_root: str = "data/torchvision"
+) -> tuple[list[Record], list[str]]:
+    """Records and class names of a SOURCE given on the command line."""
+    if source.startswith("torchvision:"):
+        return torchvision_dataset(source.split(":", 1)[1], Path(torchvision_root), download)
+    path = Path(source)
+    if path.is_file() and path.suffix.lower() in (".csv", ".jsonl", ".json"):
+        return listing(path)
+    if path.is_dir() and not any(
+        p.suffix in (".tar", ".tgz", ".gz") or p.name == "shardindex.json" for p in path.iterdir()
+    ):
+        return image_folder(path)
+    if path.exists() or any(ch in source for ch in "*?[{"):
+        return tar_shards(source)
+    raise UserError(f"source not found: {source} (expected an image folder, a .csv/.jsonl listing, "
+                    "tar shards or torchvision:NAME)")  # fmt: skip
