@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from project.data.shards import INDEX_NAME, Shard, write_index
 from project.data.sources import Record, encode, load, read_record
+from project.data.tarwriter import FastTarWriter
 from project.errors import UserError, run_main
 
 SPLITS = ("train", "val", "test")
@@ -87,10 +88,9 @@ def plan_shards(records: list[Record], samples_per_shard: int, shard_bytes: int 
 def write_shard(job: ShardJob) -> Shard:
     """Write one shard under a temporary name, then rename it: a shard file is always complete."""
     from PIL import Image
-    from webdataset import TarWriter
 
     temporary = f"{job.path}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as stream, TarWriter(stream, encoder=False, mtime=0) as writer:
+    with open(temporary, "wb", buffering=1 << 20) as stream, FastTarWriter(stream) as writer:
         for record in job.records:
             data, extension = read_record(record)
             if job.resize or (job.format and job.format != extension):
@@ -141,7 +141,7 @@ def prepare(
     if not 0 <= index < count:
         raise UserError(f"--part {index}/{count}: I must be in 0..N-1")
     out = Path(out)
-    records, classes = load(source, download, torchvision_root)
+    records, classes = load(source, download, torchvision_root, with_sizes=shard_size is not None)
     settings = {"source": source, "val_fraction": val_fraction, "test_fraction": test_fraction,
                 "samples_per_shard": samples_per_shard, "shard_size": shard_size, "seed": seed,
                 "resize": resize, "format": format, "parts": count}  # fmt: skip

@@ -47,18 +47,27 @@ def _labels_to_classes(labels: list[str]) -> tuple[list[int], list[str]]:
     return [lookup[label] for label in labels], classes
 
 
-def image_folder(root: Path) -> tuple[list[Record], list[str]]:
-    """ROOT/<class>/<...>/<image>: one class per top-level folder, images at any depth below it."""
+def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], list[str]]:
+    """ROOT/<class>/<...>/<image>: one class per top-level folder, images at any depth below it.
+    File sizes (a stat per file) are read only when `with_sizes` (for --shard-size)."""
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise UserError(f"{root} has no class folders: expected ROOT/<class>/<image>")
     records = []
+    wanted = tuple(IMAGE_SUFFIXES) + tuple(CONVERTED_SUFFIXES)
     for label, name in enumerate(classes):
-        for path in sorted((root / name).rglob("*")):
-            suffix = path.suffix.lower()
-            if path.is_file() and (suffix in IMAGE_SUFFIXES or suffix in CONVERTED_SUFFIXES):
-                relative = str(path.relative_to(root))
-                records.append(Record(sanitize_key(relative), label, "file", (str(path),), path.stat().st_size))
+        # os.walk and scandir: pathlib's rglob and stat cost more than writing the shards
+        for folder, _, _ in sorted(os.walk(root / name)):
+            relative_folder = os.path.relpath(folder, root)
+            with os.scandir(folder) as entries:
+                sizes = {
+                    e.name: e.stat().st_size if with_sizes else 0 for e in entries if e.name.lower().endswith(wanted)
+                }
+            for file in sorted(sizes):
+                relative = os.path.join(relative_folder, file)
+                records.append(
+                    Record(sanitize_key(relative), label, "file", (os.path.join(folder, file),), sizes[file])
+                )
     if not records:
         raise UserError(f"no images in the class folders of {root}")
     return records, classes
@@ -192,7 +201,7 @@ def encode(image, format: str, size: int | None = None) -> bytes:  # noqa: A002,
 
 
 def load(
-    source: str, download: bool = False, torchvision_root: str = "data/torchvision"
+    source: str, download: bool = False, torchvision_root: str = "data/torchvision", with_sizes: bool = True
 ) -> tuple[list[Record], list[str]]:
     """Records and class names of a SOURCE given on the command line."""
     if source.startswith("torchvision:"):
@@ -203,7 +212,7 @@ def load(
     if path.is_dir() and not any(
         p.suffix in (".tar", ".tgz", ".gz") or p.name == "shardindex.json" for p in path.iterdir()
     ):
-        return image_folder(path)
+        return image_folder(path, with_sizes)
     if path.exists() or any(ch in source for ch in "*?[{"):
         return tar_shards(source)
     raise UserError(f"source not found: {source} (expected an image folder, a .csv/.jsonl listing, "
