@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import NoReturn
 
 
 class UserError(Exception):
@@ -34,14 +33,10 @@ def one_line(error: BaseException) -> str:
     return last[len(prefix) :] if last.startswith(prefix) else last
 
 
-def exit_with(error: UserError) -> NoReturn:
-    print(f"error: {one_line(error)}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def run_main(main: Callable[[], object]) -> None:
     """Run an entry point, turning a `UserError` into one line on stderr and exit code 2."""
     try:
         main()
     except UserError as error:
-        exit_with(error)
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        raise SystemExit(2) from None

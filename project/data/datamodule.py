@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import os
 import signal
 from functools import cached_property
@@ -28,6 +30,16 @@ def ignore_sigterm(worker_id: int) -> None:
     process fail on its next batch instead of checkpointing.
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@atexit.register  # registered after multiprocessing's own exit handler, so it runs before it
+def _kill_leftover_workers() -> None:
+    """At exit, multiprocessing stops daemonic children with SIGTERM and waits for them; workers ignore
+    SIGTERM, and an iterator kept alive by an exception's traceback never told its workers to stop."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would report the kill as a worker failure
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 class EpochLoader(DataLoader):
