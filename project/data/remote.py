@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
+from project.data.shards import is_remote, local_path
 from project.errors import ShardError, UserError
 
 NETWORK_ERRORS = (OSError, HTTPException, urllib.error.URLError)
@@ -91,15 +92,10 @@ def _open_remote(url: str) -> IO[bytes]:
         ) from None
 
 
-def is_local(url: str) -> bool:
-    scheme = urlparse(url).scheme
-    return not url.startswith("pipe:") and (len(scheme) <= 1 or scheme == "file")
-
-
 def open_url(url: str, cache_dir: str | None = None, cache_bytes: int | None = None) -> IO[bytes]:
     """Open a shard or index for reading; remote ones optionally through a size-bounded local cache."""
-    if is_local(url):
-        return open(urlparse(url).path if url.startswith("file:") else url, "rb")  # noqa: SIM115
+    if not is_remote(url):
+        return open(local_path(url), "rb")  # noqa: SIM115
     try:
         if cache_dir is None:
             return _open_remote(url)

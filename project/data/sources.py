@@ -5,10 +5,12 @@ or existing tar shards. Each source lists picklable `Record`s; `read_record` ret
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
 import re
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,7 +169,13 @@ def read_record(record: Record) -> tuple[bytes, str]:
             return encode(image, "png"), "png"
     if record.kind == "tar":
         url, key, extension = record.where
-        from project.data.pipeline import read_samples
+        offsets = _member_offsets(url) if os.path.isfile(url) and not url.endswith((".gz", ".tgz")) else None
+        if offsets is not None and (key, extension) in offsets:
+            start, size = offsets[(key, extension)]
+            with open(url, "rb") as stream:
+                stream.seek(start)
+                return stream.read(size), extension
+        from project.data.pipeline import read_samples  # compressed or remote: read through (slow)
 
         for sample in read_samples(url, extensions=frozenset({extension})):
             if sample["__key__"] == key:
@@ -175,6 +183,21 @@ def read_record(record: Record) -> tuple[bytes, str]:
         raise UserError(f"{key} disappeared from {url}")
     name, root, train, index = record.where
     return encode(_open_torchvision(name, root, train)[index][0], "png"), "png"
+
+
+@functools.lru_cache(maxsize=16)
+def _member_offsets(url: str) -> dict[tuple[str, str], tuple[int, int]]:
+    """{(key, extension): (data offset, size)} of an uncompressed local tar, from its headers: re-sharding
+    then reads each sample with one seek instead of a scan of its source shard."""
+    from webdataset.tariterators import base_plus_ext
+
+    offsets = {}
+    with tarfile.open(url, "r:") as tar:
+        for member in tar.getmembers():
+            key, extension = base_plus_ext(member.name)
+            if member.isreg() and key is not None:
+                offsets[(key, extension.lower())] = (member.offset_data, member.size)
+    return offsets
 
 
 _TORCHVISION_CACHE: dict = {}
