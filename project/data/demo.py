@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import multiprocessing
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from project.data.parallel import imap_unordered
 from project.data.shards import INDEX_NAME, Shard, write_index
 from project.errors import UserError, run_main
 
@@ -186,28 +186,15 @@ def make_demo(
     )
     with Progress(*columns, disable=quiet) as progress:
         task = progress.add_task("demo", total=sum(sizes.values()))
-        with multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else _Serial() as pool:
-            for shard in pool.imap_unordered(write_shard, every_job):
-                written[shard.url] = shard
-                progress.advance(task, shard.nsamples)
+        # spawn: called from the trainer's process, whose torch threads a fork would copy half-initialized
+        for shard in imap_unordered(write_shard, every_job, workers, start_method="spawn"):
+            written[shard.url] = shard
+            progress.advance(task, shard.nsamples)
     demo_settings = {"demo": {"seed": seed, "image_size": image_size}}
     for split in SPLITS:
         shards = [written[job.path] for job in jobs[split]]
         write_index(out / split / INDEX_NAME, shards, CLASSES, name=split, extra=demo_settings)
     return out
-
-
-class _Serial:
-    """A one-process stand-in for multiprocessing.Pool."""
-
-    def __enter__(self) -> _Serial:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def imap_unordered(self, function, jobs):
-        return map(function, jobs)
 
 
 def demo_is_complete(root: str | Path) -> bool:

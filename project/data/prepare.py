@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from project.data.parallel import imap_unordered
 from project.data.shards import INDEX_NAME, Shard, write_index
 from project.data.sources import Record, encode, load, read_record
 from project.data.tarwriter import FastTarWriter
@@ -169,27 +169,15 @@ def prepare(
     with Progress(*columns, disable=quiet) as progress:
         task = progress.add_task("prepare", total=sum(len(j.records) for j in mine))
         progress.advance(task, sum(s.nsamples for s in written.values()))
-        with multiprocessing.Pool(workers) if workers > 1 else _Serial() as pool:
-            for shard in pool.imap_unordered(write_shard, todo):
-                written[shard.url] = shard
-                progress.advance(task, shard.nsamples)
+        for shard in imap_unordered(write_shard, todo, workers):
+            written[shard.url] = shard
+            progress.advance(task, shard.nsamples)
     result = {split: [written[j.path] for j in mine if j.split == split] for split in SPLITS}
     name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
     for split in SPLITS:
         if result[split] or count == 1:
             write_index(out / split / name, result[split], classes, name=split)
     return result
-
-
-class _Serial:
-    def __enter__(self) -> _Serial:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def imap_unordered(self, function, jobs):  # noqa: ANN001, ANN201
-        return map(function, jobs)
 
 
 def _part(text: str) -> tuple[int, int]:
