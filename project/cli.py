@@ -1,4 +1,4 @@
-"""What train, evaluate and tune share: the LightningCLI with our default config, argument links and
+"""What train and evaluate share: the LightningCLI with our default config, argument links and
 the demo-data bootstrap."""
 
 from __future__ import annotations

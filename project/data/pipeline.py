@@ -1,8 +1,9 @@
 """Run one worker's epoch plan: open shards, skip to offsets, group tar members by key, shuffle encoded
 samples in a bounded buffer, decode safely, transform and batch.
 
-webdataset supplies the tar reading (`tar_file_iterator`) and URL opening (`gopen`); the epoch plan
-replaces its node and worker splitters, whose shard-level split cannot give equal batches per rank.
+Tar members are grouped into samples by webdataset's key rule (`base_plus_ext`); urls open through
+`project.data.remote` (no shell for plain urls). The epoch plan replaces webdataset's node and worker
+splitters, whose shard-level split cannot give equal batches per rank.
 """
 
 from __future__ import annotations
