@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from PIL import Image
 from project.data.decode import IMAGE_EXTENSIONS, decode_label
 from project.data.pipeline import read_samples
 from project.data.shards import SHARD_SUFFIXES, Shard, ShardIndex, read_index, resolve_shards, write_index
+from project.data.sources import labels_to_classes
 from project.errors import ShardError, UserError, run_main
 
 
@@ -68,13 +68,6 @@ def scan_shard(url: str, verify_images: bool = True) -> ShardReport:
     return ShardReport(Shard(url, count, size), labels, problems)
 
 
-def classes_from(labels: Counter) -> list[str]:
-    names = list(labels)
-    if all(re.fullmatch(r"\d+", n) for n in names):
-        return [str(i) for i in range(max((int(n) for n in names), default=-1) + 1)]
-    return sorted(names)
-
-
 def build_index(inputs: list[str], out: str | Path, verify_images: bool = True) -> tuple[ShardIndex, list[str]]:
     """Merge part indexes and scan shards into one index at `out`; returns it and the problems found."""
     shards: list[Shard] = []
@@ -101,7 +94,7 @@ def build_index(inputs: list[str], out: str | Path, verify_images: bool = True) 
             problems += [f"{path}: {problem}" for problem in report.problems]
     if not shards:
         raise UserError("no shards to index")
-    index = ShardIndex(shards, classes or (classes_from(labels) if labels else None))
+    index = ShardIndex(shards, classes or (labels_to_classes(list(labels))[1] if labels else None))
     write_index(out, shards, index.classes, name=Path(out).parent.name)
     return index, problems
 

@@ -55,8 +55,11 @@ def split_records(records: list[Record], val: float, test: float, seed: int) -> 
         splits[record.split].append(record)
     free = [r for r in records if r.split is None]
     has_fixed_test = any(r.split == "test" for r in fixed)
-    for label in sorted({r.label for r in free}):
-        members = sorted((r for r in free if r.label == label), key=lambda r: r.key)
+    by_class: dict[int, list[Record]] = {}
+    for record in free:
+        by_class.setdefault(record.label, []).append(record)
+    for label, members in sorted(by_class.items()):
+        members.sort(key=lambda r: r.key)
         order = np.random.default_rng([seed, label]).permutation(len(members))
         n_test = 0 if has_fixed_test else round(len(members) * test)
         n_val = round(len(members) * val)

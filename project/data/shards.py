@@ -15,7 +15,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
@@ -44,8 +44,6 @@ class ShardIndex:
     shards: list[Shard]
     classes: list[str] | None = None
     name: str | None = None
-    source: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def nsamples(self) -> int:
@@ -98,9 +96,7 @@ def read_index(url: str, check_exists: bool = True) -> ShardIndex:
         for shard in shards:
             if not is_remote(shard.url) and not os.path.exists(local_path(shard.url)):
                 raise ShardError(f"shard index {url} names a missing shard: {shard.url}")
-    known = {"__kind__", "wids_version", "name", "shardlist", "classes"}
-    extra = {key: value for key, value in data.items() if key not in known}
-    return ShardIndex(shards, data.get("classes"), data.get("name"), url, extra)
+    return ShardIndex(shards, data.get("classes"), data.get("name"))
 
 
 def write_index(
@@ -182,7 +178,7 @@ def _resolve_paths(urls: list[str], pattern: str, count: Callable[[str], int]) -
         absolute = os.path.abspath(local_path(url))
         shard = known.get(absolute)
         shards.append(shard if shard else Shard(absolute, count(absolute), os.path.getsize(absolute)))
-    return ShardIndex(shards, classes, source=pattern)
+    return ShardIndex(shards, classes)
 
 
 def _resolve_one(spec: str, count: Callable[[str], int]) -> ShardIndex:
@@ -224,4 +220,4 @@ def resolve_shards(spec: str | Sequence[str], count: Callable[[str], int] | None
         raise UserError(f"no shards in {spec}")
     classes = next((part.classes for part in parts if part.classes), None)
     name = parts[0].name if len(parts) == 1 else None
-    return ShardIndex(shards, classes, name, source=", ".join(specs))
+    return ShardIndex(shards, classes, name)

@@ -37,7 +37,7 @@ def sanitize_key(relative: str) -> str:
     return re.sub(r"[^A-Za-z0-9_/-]", "_", relative.replace(os.sep, "/"))
 
 
-def _labels_to_classes(labels: list[str]) -> tuple[list[int], list[str]]:
+def labels_to_classes(labels: list[str]) -> tuple[list[int], list[str]]:
     """Integer labels and class names from label texts: all integers keep their values, else names sort."""
     if all(re.fullmatch(r"-?\d+", label) for label in labels):
         values = [int(label) for label in labels]
@@ -91,7 +91,7 @@ def listing(path: Path) -> tuple[list[Record], list[str]]:
                         raise UserError(f"{path}:{number} is not JSON: {error}") from None
     if not rows or not {"path", "label"} <= set(rows[0]):
         raise UserError(f"{path} needs 'path' and 'label' columns (found {sorted(rows[0]) if rows else 'no rows'})")
-    labels, classes = _labels_to_classes([str(row["label"]).strip() for row in rows])
+    labels, classes = labels_to_classes([str(row["label"]).strip() for row in rows])
     records = []
     for row, label in zip(rows, labels, strict=True):
         file = (path.parent / row["path"]).resolve()
@@ -149,7 +149,7 @@ def tar_shards(spec: str) -> tuple[list[Record], list[str]]:
             except ValueError:
                 continue  # `index` lists such samples; prepare keeps only the usable ones
             found.append((shard.url, sample["__key__"], extension, label, len(sample[extension])))
-    labels, classes = _labels_to_classes([label for *_, label, _ in found])
+    labels, classes = labels_to_classes([label for *_, label, _ in found])
     classes = index.classes or classes
     records = [Record(sanitize_key(key), label, "tar", (url, key, ext), size)
                for (url, key, ext, _, size), label in zip(found, labels, strict=True)]  # fmt: skip
