@@ -12,7 +12,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from http.client import HTTPException
+from http.client import HTTPException, HTTPResponse
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
@@ -32,7 +32,7 @@ class HTTPStream(io.RawIOBase):
         self.position = 0
         self.response = self._connect()
 
-    def _connect(self):  # noqa: ANN202
+    def _connect(self) -> HTTPResponse:
         headers = {"Range": f"bytes={self.position}-"} if self.position else {}
         request = urllib.request.Request(self.url, headers=headers)
         response = urllib.request.urlopen(request, timeout=self.timeout)  # noqa: S310 (http(s) only, checked)
@@ -48,7 +48,7 @@ class HTTPStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # noqa: ANN001
+    def readinto(self, buffer: bytearray | memoryview) -> int:
         for attempt in range(self.retries + 1):
             try:
                 count = self.response.readinto(buffer)

@@ -13,8 +13,12 @@ import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from project.errors import UserError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 IMAGE_SUFFIXES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 CONVERTED_SUFFIXES = {".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}  # stored as PNG
@@ -124,7 +128,7 @@ def torchvision_dataset(name: str, root: Path, download: bool) -> tuple[list[Rec
     return records, classes or [str(i) for i in range(max(labels) + 1)]
 
 
-def _targets(dataset) -> list[int]:  # noqa: ANN001
+def _targets(dataset: Any) -> list[int]:
     targets = getattr(dataset, "targets", None)
     if targets is None:
         return [int(dataset[i][1]) for i in range(len(dataset))]
@@ -200,10 +204,10 @@ def _member_offsets(url: str) -> dict[tuple[str, str], tuple[int, int]]:
     return offsets
 
 
-_TORCHVISION_CACHE: dict = {}
+_TORCHVISION_CACHE: dict[tuple[str, str, bool], Any] = {}
 
 
-def _open_torchvision(name: str, root: str, train: bool):  # noqa: ANN202
+def _open_torchvision(name: str, root: str, train: bool) -> Any:
     if (name, root, train) not in _TORCHVISION_CACHE:
         import torchvision.datasets
 
@@ -211,7 +215,7 @@ def _open_torchvision(name: str, root: str, train: bool):  # noqa: ANN202
     return _TORCHVISION_CACHE[(name, root, train)]
 
 
-def encode(image, format: str, size: int | None = None) -> bytes:  # noqa: A002, ANN001
+def encode(image: Image.Image, format: str, size: int | None = None) -> bytes:  # noqa: A002
     """Encode a PIL image (optionally resized so its shorter side is `size`) as jpg, png or webp."""
     if size is not None:
         scale = size / min(image.size)
