@@ -6,6 +6,7 @@ import atexit
 import multiprocessing
 import os
 import signal
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -16,7 +17,8 @@ from torch.utils.data import DataLoader
 
 from project.data.health import SkipLedger
 from project.data.pipeline import ShardStream
-from project.data.shards import ShardIndex, resolve_shards
+from project.data.plan import fraction_counts
+from project.data.shards import Shard, ShardIndex, resolve_shards
 from project.data.transforms import Preset, build_transform
 from project.errors import UserError
 
@@ -104,6 +106,10 @@ class ShardDataModule(L.LightningDataModule):
         image_size: side of the square images the model sees.
         augment: training augmentation preset: none, light, standard or strong.
         seed: seed of the shard order, the shuffle buffer and the augmentation.
+        fraction: share of the training split to train on, in (0, 1]: exactly round(fraction × samples),
+            the same ones for any seed, and nested (the 0.1 subset lies inside the 0.25 one). It is a
+            prefix of every shard, so it reads only its own bytes (see `plan.fraction_counts`).
+            Validation and test stay whole, so metrics compare across fractions.
         classes: class names, when the shard index does not record them.
         pin_memory: pin batches in page-locked memory (default: when CUDA is available).
         prefetch_factor: batches each worker prepares ahead.
@@ -125,6 +131,7 @@ class ShardDataModule(L.LightningDataModule):
         image_size: int = 32,
         augment: Preset = "light",
         seed: int = 0,
+        fraction: float = 1.0,
         classes: list[str] | None = None,
         pin_memory: bool | None = None,
         prefetch_factor: int = 2,
@@ -147,6 +154,9 @@ class ShardDataModule(L.LightningDataModule):
             augment,
             seed,
         )
+        if not 0 < fraction <= 1:
+            raise UserError(f"data.fraction must be in (0, 1], got {fraction}")
+        self.fraction = fraction
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.prefetch_factor = prefetch_factor
         self.max_skipped_fraction = max_skipped_fraction
@@ -165,6 +175,14 @@ class ShardDataModule(L.LightningDataModule):
                 raise UserError(f"no {split} data configured: set data.root or data.{split}")
             self._indexes[split] = resolve_shards(spec)
         return self._indexes[split]
+
+    def shards(self, split: str) -> list[Shard]:
+        """The shards a split reads, with the counts it reads: training keeps `fraction` of each shard."""
+        shards = self.index(split).shards
+        if split != "train" or self.fraction == 1:
+            return shards
+        counts = fraction_counts([shard.nsamples for shard in shards], self.fraction)
+        return [replace(shard, nsamples=count) for shard, count in zip(shards, counts, strict=True) if count]
 
     @cached_property
     def classes(self) -> list[str]:
@@ -196,7 +214,7 @@ class ShardDataModule(L.LightningDataModule):
     def _stream(self, split: str) -> ShardStream:
         train = split == "train"
         stream = ShardStream(
-            self.index(split).shards,
+            self.shards(split),
             train=train,
             batch_size=self.batch_size,
             transform=build_transform(self.augment, self.image_size, train=train),
@@ -260,7 +278,7 @@ class ShardDataModule(L.LightningDataModule):
         epoch = trainer.current_epoch
         ledger = self._ledgers.get(stage)
         if ledger is None or ledger.epoch != epoch:
-            planned = self.index(stage).nsamples // trainer.world_size
+            planned = sum(shard.nsamples for shard in self.shards(stage)) // trainer.world_size
             ledger = self._ledgers[stage] = SkipLedger(stage, planned, self.max_skipped_fraction)
             ledger.epoch = epoch
         ledger.record(batch["skipped"])

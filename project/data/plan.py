@@ -11,12 +11,17 @@ Every guarantee of the data path is decided here, so each is testable without pr
   every rank runs the same number of batches (of up to batch_size samples). Equal counts matter: under
   DDP, each validation forward during fit broadcasts module buffers, so a rank with one batch more
   would wait forever for the others.
+- data fractions: a training subset with an exact sample count, the same for any seed and nested across
+  fractions (see `fraction_counts`); the plans above then run on the subset's counts.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -145,6 +150,49 @@ def eval_plan(
         plans.append(WorkerPlan(slice_stream(counts, order, begin, end), tuple(batch_sizes[first:last]), None))
         begin = end
     return plans
+
+
+def fraction_counts(counts: Sequence[int], fraction: float) -> list[int]:
+    """How many samples of each shard a `fraction` of the split keeps: always a prefix of each shard.
+
+    The kept samples are the round(fraction × total) first of one fixed order of all samples: sample j of
+    a shard of n is ranked by its place in that shard, (j + ½) / n, ties by shard. So the count is exact,
+    every shard gives its share (± about one sample), and a smaller fraction's subset lies inside a
+    larger one's. The subset does not depend on the seed, only on the shard index.
+
+    Why per-shard prefixes: a tar shard is read as a stream, so a prefix costs only its own bytes (a
+    fraction F reads about F of the data) while a scattered subset would read whole shards. `prepare` and
+    the demo shuffle samples before sharding, so a prefix is a random sample of its shard; and taking the
+    same share of every shard keeps classes balanced even when each shard holds a single class. Shards
+    whose samples are sorted by class *inside* the shard would bias a small fraction: re-shard them with
+    `project.data.prepare`.
+    """
+    if not 0 < fraction <= 1:
+        raise UserError(f"data.fraction must be in (0, 1], got {fraction}")
+    if any(count < 0 for count in counts):
+        raise ValueError("shard sizes must not be negative")
+    share = Fraction(fraction)  # exact: the same float always gives the same subset
+    target = round(share * sum(counts))
+    # the samples ranked below `share`; then add the next ones (or drop the last ones) in rank order
+    kept = [min(n, max(0, math.ceil(n * share - Fraction(1, 2)))) for n in counts]
+    adding = target > sum(kept)
+
+    def movable(shard: int) -> bool:
+        return kept[shard] < counts[shard] if adding else kept[shard] > 0
+
+    def next_rank(shard: int) -> tuple[Fraction, int]:
+        j = kept[shard] if adding else kept[shard] - 1
+        rank = Fraction(2 * j + 1, 2 * counts[shard])
+        return (rank, shard) if adding else (-rank, -shard)  # a min-heap: negate to pop the last kept
+
+    heap = [(next_rank(shard), shard) for shard in range(len(counts)) if movable(shard)]
+    heapq.heapify(heap)
+    for _ in range(abs(target - sum(kept))):
+        _, shard = heapq.heappop(heap)
+        kept[shard] += 1 if adding else -1
+        if movable(shard):
+            heapq.heappush(heap, (next_rank(shard), shard))
+    return kept
 
 
 def skip_samples(segments: Sequence[Segment], count: int) -> tuple[Segment, ...]:
