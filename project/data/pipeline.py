@@ -34,6 +34,7 @@ from project.data.plan import (
 )
 from project.data.remote import open_url
 from project.data.shards import Shard
+from project.data.tarreader import tar_members
 from project.data.transforms import to_uint8_tensor
 from project.errors import ShardError
 
@@ -88,11 +89,9 @@ def read_samples(
 def _members(stream: IO[bytes], url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
     """(name, read) for each regular member, in tar order; `read` must be called before moving on."""
     try:
-        with tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for info in tar:
-                if info.isreg() and not META_MEMBER.match(info.name):
-                    yield info.name, lambda info=info: tar.extractfile(info).read()
-                tar.members = []  # streaming mode keeps every TarInfo otherwise: memory grows with the shard
+        for name, read in tar_members(stream):
+            if not META_MEMBER.match(name):
+                yield name, read
     except READ_ERRORS as error:
         raise ShardError(f"cannot read shard {url}: {error}") from None
 
