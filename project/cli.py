@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.callbacks.preemption import PreemptionCheckpoint
+from project.callbacks.report import TensorBoardReport
 from project.data.datamodule import ShardDataModule
 from project.data.demo import demo_is_complete, make_demo
 from project.errors import UserError
@@ -65,9 +66,10 @@ class ProjectCLI(LightningCLI):
         # num_classes and class names come from the shard index: typed once, never twice
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.classes", "model.class_names", apply_on="instantiate")
+        parser.link_arguments("data.image_size", "model.image_size")
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        callbacks = [*callbacks, PreemptionCheckpoint()]
+        callbacks = [*callbacks, PreemptionCheckpoint(), TensorBoardReport()]
         # a rich progress bar with totals, unless the user turned the bar off (a configured
         # RichProgressBar would make enable_progress_bar=false an error)
         if config.get("enable_progress_bar") is not False:

@@ -15,11 +15,11 @@ def test_uint8_batches_are_normalized_like_float_ones():
         torch.tensor(model.hparams.mean).view(1, 3, 1, 1),
         torch.tensor(model.hparams.std).view(1, 3, 1, 1),
     )
-    expected = model.backbone((images.float() / 255 - mean) / std)
+    expected = model.head(model.backbone((images.float() / 255 - mean) / std))
     assert torch.allclose(model(images), expected, atol=1e-5)
 
 
-def test_onecycle_warms_up_peaks_and_decays_to_zero_without_overrunning():
+def test_cosine_warms_up_peaks_and_decays_to_zero_without_overrunning():
     total = 100
     factors = [lr_factor(step, total, 0.1) for step in range(total + 20)]  # past the end: a longer resume
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
@@ -27,3 +27,13 @@ def test_onecycle_warms_up_peaks_and_decays_to_zero_without_overrunning():
     assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
     assert factors[total - 1] < 0.01 and factors[-1] == 0.0
     assert lr_factor(0, total, 0.0) == 1.0  # cosine: no warmup
+
+
+def test_onecycle_rises_from_a_25th_and_ends_near_zero_and_constant_stays_flat():
+    total = 100
+    onecycle = [lr_factor(step, total, 0.2, "onecycle") for step in range(total)]
+    assert onecycle[0] == pytest.approx(1 / 25, abs=0.01) and onecycle[19] == pytest.approx(1.0)
+    assert all(a <= b for a, b in zip(onecycle[:19], onecycle[1:20], strict=True))
+    assert lr_factor(total, total, 0.2, "onecycle") == pytest.approx(1e-4)
+    constant = [lr_factor(step, total, 0.1, "constant") for step in range(total)]
+    assert constant[0] == pytest.approx(0.1) and set(constant[10:]) == {1.0}

@@ -272,7 +272,7 @@ class ShardDataModule(L.LightningDataModule):
     def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
         """Count the samples the stream skipped, warn at a bounded rate, stop past the limit."""
         trainer = self.trainer
-        if trainer is None or not batch.get("skipped"):
+        if trainer is None or not isinstance(batch, dict) or not batch.get("skipped"):  # not: example input
             return batch
         stage = "train" if trainer.training else "val" if (trainer.validating or trainer.sanity_checking) else "test"
         epoch = trainer.current_epoch
