@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 from lightning.pytorch.callbacks import BackboneFinetuning
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
 from project.errors import UserError
@@ -20,7 +21,8 @@ class BackboneFreeze(BackboneFinetuning):
 
     Args:
         unfreeze_at_epoch: first epoch that trains the backbone; None keeps it frozen for the whole run.
-        train_bn: keep training the backbone's BatchNorm layers while it is frozen.
+        train_bn: keep training the backbone's BatchNorm layers (weights and running statistics) while it
+            is frozen; False freezes them too, in evaluation mode.
     """
 
     def __init__(self, unfreeze_at_epoch: int | None = None, train_bn: bool = True) -> None:
@@ -41,6 +43,14 @@ class BackboneFreeze(BackboneFinetuning):
         # BaseFinetuning would put back the parameter groups it stored at an epoch start, with that
         # moment's learning rates; ours never change, and the optimizer's restored state is exact
         self._restarting = False
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        if not self.train_bn and not all(p.requires_grad for p in pl_module.backbone.parameters()):
+            # a frozen backbone normalizes with its own running statistics, as it will at evaluation
+            for module in pl_module.backbone.modules():
+                if isinstance(module, _BatchNorm):
+                    module.eval()
 
     def freeze_before_training(self, pl_module: L.LightningModule) -> None:
         self.freeze(pl_module.backbone, train_bn=self.train_bn)

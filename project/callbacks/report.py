@@ -139,4 +139,4 @@ def render_confusion_matrix(matrix: torch.Tensor, names: list[str], cell: int = 
             if count:
                 draw.text((box[0] + 3, box[1] + cell // 3), str(count), fill="black" if s < 0.6 else "white", font=font)
     draw.text((left, top + n * cell + 6), "rows: true class   columns: predicted", fill="black", font=font)
-    return torch.from_numpy(np.asarray(image)).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous()

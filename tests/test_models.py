@@ -1,0 +1,249 @@
+"""Backbones by name, pretrained weights, freezing, optimization options and the TensorBoard report."""
+
+from __future__ import annotations
+
+import pickle
+import urllib.error
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torchvision
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader, Dataset
+
+from project.callbacks.report import render_confusion_matrix
+from project.errors import UserError
+from project.models.classifier import ImageClassifier
+
+from .conftest import REPO, run_module
+
+LISTED = [
+    "small_cnn",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "mobilenet_v3_small",
+    "mobilenet_v3_large",
+    "efficientnet_b0",
+    "convnext_tiny",
+    "vit_b_16",
+]
+
+
+@pytest.mark.parametrize("name", [*LISTED, "squeezenet1_1", "googlenet", "regnet_y_400mf", "swin_t"])
+def test_backbone_builds_and_trains_a_step_on_a_tiny_input(name):
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=5, backbone=name, image_size=32, width=8)
+    torch.nn.init.normal_(model.head.weight, std=0.1)  # torchvision's ViT head starts at zero: no gradient behind it
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    logits = model(images)
+    assert logits.shape == (2, 5)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 4])).backward()
+    assert model.head.weight.grad is not None and model.head.weight.grad.abs().sum() > 0
+    first = next(p for p in model.backbone.parameters() if p.requires_grad)
+    assert first.grad is not None and first.grad.abs().sum() > 0  # gradients reach the first layer
+
+
+def test_grey_images_are_taken_as_rgb():
+    model = ImageClassifier(num_classes=3, width=4).eval()
+    grey = torch.randint(0, 256, (2, 1, 16, 16), dtype=torch.uint8)
+    assert torch.equal(model(grey), model(grey.expand(-1, 3, -1, -1)))
+
+
+def test_unknown_backbone_and_weight_names_are_user_errors():
+    with pytest.raises(UserError, match="unknown backbone 'resnet19'.*resnet18"):
+        ImageClassifier(backbone="resnet19")
+    with pytest.raises(UserError, match="'IMAGENET9K'.*IMAGENET1K_V1"):
+        ImageClassifier(backbone="resnet18", weights="IMAGENET9K")
+
+
+def test_offline_download_is_a_clear_error(monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    with pytest.raises(UserError, match=r"could not download mobilenet_v3_small .*offline.*--model.weights PATH"):
+        ImageClassifier(backbone="mobilenet_v3_small", weights="DEFAULT")
+
+
+def test_a_local_torchvision_weights_file_is_loaded_and_changes_the_outputs(tmp_path):
+    torch.manual_seed(1)
+    donor = torchvision.models.resnet18(num_classes=1000)  # the layout of torchvision's published files
+    path = tmp_path / "resnet18.pth"
+    torch.save(donor.state_dict(), path)
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    torch.manual_seed(0)
+    scratch = ImageClassifier(num_classes=5, backbone="resnet18").eval()
+    torch.manual_seed(0)
+    loaded = ImageClassifier(num_classes=5, backbone="resnet18", weights=str(path)).eval()
+    assert torch.equal(loaded.backbone.conv1.weight, donor.conv1.weight)
+    assert torch.equal(loaded.head.weight, scratch.head.weight)  # 1000 classes do not fit: a new head
+    assert not torch.allclose(loaded(images), scratch(images))
+
+
+def test_a_checkpoint_of_ours_is_loaded_with_its_head_when_the_classes_match(tmp_path):
+    torch.manual_seed(3)
+    source = ImageClassifier(num_classes=4, width=8)
+    path = tmp_path / "model.ckpt"
+    torch.save({"state_dict": source.state_dict()}, path)
+    torch.manual_seed(4)
+    loaded = ImageClassifier(num_classes=4, width=8, weights=str(path)).eval()
+    images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
+    assert torch.equal(loaded(images), source.eval()(images))
+
+
+def test_weights_for_another_architecture_or_with_code_are_refused(tmp_path):
+    other = tmp_path / "resnet34.pth"
+    torch.save(torchvision.models.resnet34().state_dict(), other)
+    with pytest.raises(UserError, match="does not fit this backbone"):
+        ImageClassifier(backbone="resnet18", weights=str(other))
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    evil = tmp_path / "evil.pth"
+    evil.write_bytes(pickle.dumps({"conv1.weight": Payload()}))
+    with pytest.raises(UserError, match="not a readable weights file"):
+        ImageClassifier(backbone="resnet18", weights=str(evil))
+    assert not marker.exists()  # weights_only: the pickle never ran
+    with pytest.raises(UserError, match="no such file"):
+        ImageClassifier(weights=str(tmp_path / "missing.pth"))
+
+
+def test_norms_biases_and_embeddings_get_no_weight_decay_and_the_backbone_its_own_rate():
+    model = ImageClassifier(num_classes=3, backbone="vit_b_16", image_size=32, lr=0.1, backbone_lr_factor=0.1)
+    groups = model.parameter_groups()
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    for group in groups:
+        for parameter in group["params"]:
+            name = names[id(parameter)]
+            undecayed = parameter.ndim <= 1 or "pos_embed" in name or "class_token" in name
+            assert (group["weight_decay"] == 0.0) == undecayed, name
+            assert group["lr"] == pytest.approx(0.01 if name.startswith("backbone.") else 0.1), name
+
+
+class Blobs(Dataset):
+    """Two classes of uint8 images, bright and dark: learnable in a few steps."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> dict:
+        generator = torch.Generator().manual_seed(index)
+        label = index % 2
+        base = 170 if label else 60
+        image = (base + torch.randint(-40, 40, (3, 16, 16), generator=generator)).to(torch.uint8)
+        return {"image": image, "label": label}
+
+
+def _fit(model: ImageClassifier, epochs: int) -> None:
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, DataLoader(Blobs(), batch_size=16))
+
+
+def _backbone_state(model: ImageClassifier, include_norms: bool) -> dict[str, torch.Tensor]:
+    norms = {f"{n}.{p}" for n, m in model.backbone.named_modules() if isinstance(m, torch.nn.BatchNorm2d) for p in "wb"}
+    return {
+        name: parameter.detach().clone()
+        for name, parameter in model.backbone.named_parameters()
+        if include_norms or f"{name.rpartition('.')[0]}.{name.rpartition('.')[2][0]}" not in norms
+    }
+
+
+@pytest.mark.parametrize("train_bn", [False, True])
+def test_a_frozen_backbone_is_unchanged_by_training_while_the_head_learns(train_bn):
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=2, width=4, freeze_backbone=True, train_bn=train_bn, lr=0.05)
+    frozen = _backbone_state(model, include_norms=not train_bn)
+    statistics = {k: v.clone() for k, v in model.backbone.state_dict().items() if "running" in k}
+    head = model.head.weight.detach().clone()
+    _fit(model, epochs=1)
+    after = _backbone_state(model, include_norms=not train_bn)
+    assert all(torch.equal(frozen[name], after[name]) for name in frozen)
+    assert not torch.equal(head, model.head.weight)
+    moved = [k for k, v in model.backbone.state_dict().items() if "running" in k and not torch.equal(v, statistics[k])]
+    assert bool(moved) == train_bn  # train_bn=False keeps the running statistics too
+
+
+def test_gradual_unfreezing_trains_the_backbone_from_the_given_epoch():
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=2, width=4, unfreeze_at_epoch=1, train_bn=False, lr=0.05)
+    start = _backbone_state(model, include_norms=True)
+    _fit(model, epochs=1)
+    assert all(torch.equal(start[n], p) for n, p in _backbone_state(model, include_norms=True).items())
+    _fit(model, epochs=2)  # a fresh trainer from epoch 0: frozen for epoch 0 again, trained in epoch 1
+    assert not all(torch.equal(start[n], p) for n, p in _backbone_state(model, include_norms=True).items())
+
+
+MIXES = [{"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0}, {"mixup_alpha": 0.2, "cutmix_alpha": 1.0}]
+
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_mixup_and_cutmix_train_on_soft_targets_reproducibly(mix):
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=2, width=4, **mix)
+    batch = next(iter(DataLoader(Blobs(), batch_size=8)))
+    losses = [float(model.training_step(batch, 0).detach()) for _ in range(2)]  # same step, same mixing
+    plain = float(torch.nn.functional.cross_entropy(model(batch["image"]), batch["label"]))
+    assert losses[0] == pytest.approx(losses[1]) and losses[0] != pytest.approx(plain)
+
+
+def test_confusion_matrix_image_has_a_cell_per_pair_and_names():
+    matrix = torch.tensor([[5, 1, 0], [0, 6, 0], [2, 0, 4]])
+    image = render_confusion_matrix(matrix, ["circle", "square", "triangle"])
+    assert image.dtype == torch.uint8 and image.shape[0] == 3 and image.shape[1] > 90 and image.shape[2] > 90
+    assert torch.unique(image.flatten(1), dim=1).shape[1] > 5  # not a blank canvas
+
+
+@pytest.mark.slow
+def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_report(tiny_demo, tmp_path):
+    """The newcomer's path: one config file (plus a weights file, since this machine is offline)."""
+    weights = tmp_path / "mobilenet_v3_large.pth"
+    torch.save(torchvision.models.mobilenet_v3_large().state_dict(), weights)
+    args = [
+        f"--config={REPO / 'configs/model/mobilenet_v3_finetune.yaml'}",
+        f"--model.weights={weights}",
+        "--trainer.precision=32-true",
+        "--trainer.max_epochs=2",
+        "--trainer.limit_train_batches=3",
+        "--trainer.limit_val_batches=2",
+        "--trainer.log_every_n_steps=1",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+        f"--data.root={tiny_demo}",
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--trainer.enable_progress_bar=false",
+    ]
+    result = run_module("project.train", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "logs" / "mobilenet_v3_finetune" / "version_0"
+    events = EventAccumulator(str(run), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert {"train/first_batch", "test/confusion_matrix"} <= set(tags["images"])
+    assert {"train/loss", "val/acc", "test/acc", "hp/best_val_acc", "test/acc_class/circle"} <= set(tags["scalars"])
+    assert any(tag.startswith("lr-") for tag in tags["scalars"])  # LearningRateMonitor
+    hparams = events.PluginTagToContent("hparams")
+    assert "_hparams_/experiment" in hparams and "_hparams_/session_start_info" in hparams
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/experiment"]).experiment
+    assert {m.name.tag for m in experiment.metric_infos} >= {"val/acc", "test/acc"}
+    session = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
+    assert session.session_start_info.hparams["model.backbone"].string_value == "mobilenet_v3_large"
+    grid = events.Images("train/first_batch")[0]
+    assert grid.width > 16 * 8  # an 8-wide grid of the batch
