@@ -102,11 +102,26 @@ class ProjectCLI(LightningCLI):
         print(f"resuming {self.config.ckpt_path}", file=sys.stderr)
 
 
+class ConfigOnlyCLI(ProjectCLI):
+    """The resolved configuration of some arguments, without building the model, data or trainer: what
+    tune and scaling read before their runs (the demo data is still built if the config needs it)."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
+def print_train_help(usage: str) -> None:
+    """An entry point's own --help (`usage`), then the train options it passes on to its runs."""
+    print(f"{usage}\nEvery other argument is a train option, as `python -m project.train` takes it:\n")
+    ProjectCLI(args=["--help"])  # prints and exits
+
+
 def ensure_demo(root: Path) -> None:
     """Build the demo data if it is missing; in a multi-process launch, local rank zero builds it."""
     if demo_is_complete(root):
         return
-    if os.environ.get("LOCAL_RANK", "0") != "0":
+    local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))  # torchrun, or srun
+    if local_rank != "0":
         while not demo_is_complete(root):
             time.sleep(1)
         return
