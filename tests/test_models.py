@@ -236,7 +236,9 @@ def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_r
     tags = events.Tags()
     assert {"train/first_batch", "test/confusion_matrix"} <= set(tags["images"])
     assert {"train/loss", "val/acc", "test/acc", "hp/best_val_acc", "test/acc_class/circle"} <= set(tags["scalars"])
-    assert any(tag.startswith("lr-") for tag in tags["scalars"])  # LearningRateMonitor
+    assert {"lr-AdamW/head", "lr-AdamW/backbone"} <= set(tags["scalars"])  # LearningRateMonitor
+    head_lr, backbone_lr = (events.Scalars(f"lr-AdamW/{part}")[-1].value for part in ("head", "backbone"))
+    assert backbone_lr == pytest.approx(0.1 * head_lr)  # the config's discriminative rate
     hparams = events.PluginTagToContent("hparams")
     assert "_hparams_/experiment" in hparams and "_hparams_/session_start_info" in hparams
     from tensorboard.plugins.hparams import plugin_data_pb2

@@ -189,15 +189,16 @@ class ImageClassifier(L.LightningModule):
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Head and backbone, each split into decayed weights and undecayed norms, biases and embeddings."""
         groups = []
-        for module, factor in ((self.head, 1.0), (self.backbone, self.hparams.backbone_lr_factor)):
+        parts = (("head", self.head, 1.0), ("backbone", self.backbone, self.hparams.backbone_lr_factor))
+        for part, module, factor in parts:
             decay, no_decay = [], []
             for name, parameter in module.named_parameters():
                 embedding = any(part in name for part in ("pos_embed", "class_token", "relative_position"))
                 (no_decay if parameter.ndim <= 1 or embedding else decay).append(parameter)
             lr = self.hparams.lr * factor
             groups += [
-                {"params": decay, "lr": lr, "weight_decay": self.hparams.weight_decay},
-                {"params": no_decay, "lr": lr, "weight_decay": 0.0},
+                {"name": part, "params": decay, "lr": lr, "weight_decay": self.hparams.weight_decay},
+                {"name": f"{part}_no_decay", "params": no_decay, "lr": lr, "weight_decay": 0.0},
             ]
         # frozen parameters stay in their groups: they get no gradient, and so no update
         return [group for group in groups if group["params"]]
