@@ -249,3 +249,15 @@ def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_r
     assert session.session_start_info.hparams["model.backbone"].string_value == "mobilenet_v3_large"
     grid = events.Images("train/first_batch")[0]
     assert grid.width > 16 * 8  # an 8-wide grid of the batch
+
+
+def test_channels_last_gives_the_same_logits_in_nhwc_layout():
+    torch.manual_seed(0)
+    plain = ImageClassifier(num_classes=3, backbone="resnet18").eval()
+    nhwc = ImageClassifier(num_classes=3, backbone="resnet18", channels_last=True).eval()
+    nhwc.load_state_dict(plain.state_dict())
+    nhwc.configure_model()
+    assert nhwc.backbone.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    assert nhwc.normalize(images).is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(nhwc(images), plain(images), atol=1e-4)
