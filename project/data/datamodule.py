@@ -8,13 +8,14 @@ import os
 import signal
 from dataclasses import replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from project.data.device_decode import DeviceDecoder
 from project.data.health import SkipLedger
 from project.data.pipeline import ShardStream
 from project.data.plan import fraction_counts
@@ -117,6 +118,9 @@ class ShardDataModule(L.LightningDataModule):
             skipped, counted and logged as <stage>/skipped; past this share of an epoch the run stops.
         cache_dir: keep local copies of remote (http, s3, ...) shards in this folder; None streams them.
         cache_gb: the most the cache folder may hold, in GB; the least recently used copies go first.
+        decode_on: where JPEGs are decoded: cpu (in the DataLoader workers) or device (on the training
+            device after the batch reaches it, with torchvision's decode_jpeg: nvJPEG on CUDA); see
+            project/data/device_decode.py for when it helps.
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class ShardDataModule(L.LightningDataModule):
         max_skipped_fraction: float = 0.01,
         cache_dir: str | None = None,
         cache_gb: float = 50.0,
+        decode_on: Literal["cpu", "device"] = "cpu",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -161,6 +166,8 @@ class ShardDataModule(L.LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.max_skipped_fraction = max_skipped_fraction
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
+        self.decode_on = decode_on
+        self.device_decoder = DeviceDecoder(augment, image_size) if decode_on == "device" else None
         self._ledgers: dict[tuple, SkipLedger] = {}  # the current pass's
         self._resume_position: dict | None = None
         self._loaders: dict[str, EpochLoader] = {}
@@ -222,6 +229,7 @@ class ShardDataModule(L.LightningDataModule):
             seed=self.seed,
             shuffle_buffer=self.shuffle_buffer,
             decode_size=self.image_size,
+            decode_on=self.decode_on,
             num_workers=self.num_workers,
             skip_corrupt=True,
             cache_dir=self.cache_dir,
@@ -271,9 +279,23 @@ class ShardDataModule(L.LightningDataModule):
 
     def on_before_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
         """Count the samples the stream skipped, warn at a bounded rate, stop past the limit."""
-        trainer = self.trainer
-        if trainer is None or not isinstance(batch, dict) or not batch.get("skipped"):  # not: example input
+        if isinstance(batch, dict) and batch.get("skipped"):  # not a dict: the model summary's example input
+            self._record_skipped(batch["skipped"])
+        return batch
+
+    def on_after_batch_transfer(self, batch: dict, dataloader_idx: int) -> dict:
+        """With decode_on=device: decode the batch's JPEGs on its device, then crop and resize them there."""
+        if self.device_decoder is None or not isinstance(batch, dict) or "jpeg" not in batch:
             return batch
+        batch, skipped = self.device_decoder(batch)
+        if skipped:
+            self._record_skipped(skipped)
+        return batch
+
+    def _record_skipped(self, skipped: list[tuple[str, str, str]]) -> None:
+        trainer = self.trainer
+        if trainer is None:
+            return
         stage = "train" if trainer.training else "val" if (trainer.validating or trainer.sanity_checking) else "test"
         epoch = trainer.current_epoch
         ledger = self._ledgers.get(stage)
@@ -281,8 +303,7 @@ class ShardDataModule(L.LightningDataModule):
             planned = sum(shard.nsamples for shard in self.shards(stage)) // trainer.world_size
             ledger = self._ledgers[stage] = SkipLedger(stage, planned, self.max_skipped_fraction)
             ledger.epoch = epoch
-        ledger.record(batch["skipped"])
-        return batch
+        ledger.record(skipped)
 
     def train_dataloader(self) -> EpochLoader:
         return self._loader("train")

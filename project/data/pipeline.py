@@ -15,14 +15,17 @@ import tarfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Literal
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
+from torchvision.transforms import v2
 from webdataset.tariterators import base_plus_ext
 
 from project.data.decode import WANTED_EXTENSIONS, DecodeError, decode_sample
+from project.data.device_decode import collate_deferred, deferred_jpeg
 from project.data.plan import (
     Segment,
     WorkerPlan,
@@ -134,6 +137,8 @@ class ShardStream(IterableDataset):
         seed: seed of the shard order and the shuffle buffer.
         shuffle_buffer: samples held (encoded) in the shuffle buffer.
         decode_size: decode JPEGs at reduced scale down to about this size.
+        decode_on: "cpu" decodes every image here; "device" passes JPEGs on encoded, for
+            `project.data.device_decode.DeviceDecoder` to decode on the training device.
         num_workers: the DataLoader's worker count (the plan is split across max(1, num_workers)).
         skip_corrupt: leave out unreadable samples (reported in each batch's "skipped") instead of
             raising a `ShardError`.
@@ -152,6 +157,7 @@ class ShardStream(IterableDataset):
         seed: int = 0,
         shuffle_buffer: int = 1000,
         decode_size: int | None = None,
+        decode_on: Literal["cpu", "device"] = "cpu",
         num_workers: int = 0,
         skip_corrupt: bool = False,
         cache_dir: str | None = None,
@@ -165,6 +171,7 @@ class ShardStream(IterableDataset):
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer
         self.decode_size = decode_size
+        self.decode_on = decode_on
         self.num_workers = max(1, num_workers)
         self.skip_corrupt = skip_corrupt
         self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
@@ -223,23 +230,34 @@ class ShardStream(IterableDataset):
 
     def _batch(self, samples: list, plan: WorkerPlan, number: int) -> Batch:
         """Decode and transform one batch; unreadable samples are left out and reported in the batch."""
-        items, skipped = [], []
+        items, deferred, skipped = [], [], []
+        augment_seed = None
+        if plan.shuffle_seed is not None:
+            # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
+            augment_seed = int(np.random.SeedSequence([plan.shuffle_seed, number]).generate_state(1)[0])
         with torch.random.fork_rng(devices=[]):
-            if plan.shuffle_seed is not None:
-                # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
-                torch.manual_seed(int(np.random.SeedSequence([plan.shuffle_seed, number]).generate_state(1)[0]))
+            if augment_seed is not None:
+                torch.manual_seed(augment_seed)
             for sample in samples:
                 if isinstance(sample, Missing):
                     skipped.append((sample.url, f"sample {sample.position}", sample.reason))
                     continue
                 try:
+                    jpeg = deferred_jpeg(sample, self.classes) if self.decode_on == "device" else None
+                    if jpeg is not None:
+                        deferred.append(jpeg)
+                        continue
                     image, label = decode_sample(sample, self.decode_size, self.classes)
                 except DecodeError as error:
                     if not self.skip_corrupt:
                         raise
                     skipped.append((sample["__url__"], sample["__key__"], str(error)))
                     continue
-                items.append((self.transform(to_uint8_tensor(image)), label, sample["__key__"]))
+                items.append((pixels(image), label, sample["__key__"]))
+            images = transform_all(self.transform, [image for image, _, _ in items])
+        items = [(image, label, key) for image, (_, label, key) in zip(images, items, strict=True)]
+        if deferred:
+            return collate_deferred(items, deferred, skipped, augment_seed)
         if not items:
             raise ShardError(f"every sample of a batch was unreadable; the first: {skipped[0][2]}")
         return collate(items, skipped)
@@ -263,6 +281,23 @@ class ShardStream(IterableDataset):
                     raise ShardError(f"shard {shard.url} {reason}: the index is stale, rebuild it")
             for position in range(segment.start + seen, segment.stop):
                 yield Missing(shard.url, position, reason)
+
+
+def pixels(image: Image.Image | np.ndarray) -> torch.Tensor:
+    """A decoded image as a uint8 CHW tensor (a view of an HWC array: the batch copy makes it contiguous)."""
+    if isinstance(image, Image.Image) and image.mode == "RGB":
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1)  # 3x less than pil_to_tensor for small images
+    return to_uint8_tensor(image)
+
+
+def transform_all(transform: Callable[[torch.Tensor], torch.Tensor], images: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Apply `transform` to each image, or once to the stacked batch when it is deterministic (resize
+    and center crop) and the images share a size: one call instead of one per sample."""
+    steps = transform.transforms if isinstance(transform, v2.Compose) else [transform]
+    deterministic = all(isinstance(step, (v2.Resize, v2.CenterCrop)) for step in steps)
+    if len(images) > 1 and deterministic and len({image.shape for image in images}) == 1:
+        return list(transform(torch.stack(images)))
+    return [transform(image) for image in images]
 
 
 def collate(items: list[tuple[torch.Tensor, int, str]], skipped: Sequence[tuple[str, str, str]] = ()) -> Batch:

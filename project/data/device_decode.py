@@ -1,0 +1,192 @@
+"""JPEG decoding on the training device (`data.decode_on: device`).
+
+DataLoader workers then pass a sample's encoded JPEG bytes instead of decoding it, and the main process
+decodes the whole batch with `torchvision.io.decode_jpeg` on the batch's device (nvJPEG on a CUDA GPU),
+right after Lightning moves the batch there. The preset's crop, resize and flip run batched on the device
+(one `roi_align` per distinct image size); its other steps (colour jitter, TrivialAugment, erasing) run
+per image, on the device too. Fallbacks to the CPU: non-JPEG images are decoded by the workers as usual,
+and JPEGs the device cannot decode by PIL in the main process. Without CUDA the batch decodes on the
+CPU in the main process, which is only useful to test this path.
+
+It pays off when CPU workers are the bottleneck and the stored JPEGs are not much larger than the
+training size; for large JPEGs trained small, the workers' reduced-scale decode (PIL's draft mode) does
+far less work than a full-size decode on any device.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torchvision import transforms as v1
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.ops import roi_align
+from torchvision.transforms import v2
+
+from project.data.decode import IMAGE_EXTENSIONS, DecodeError, decode_image, decode_label
+from project.data.transforms import Preset, build_transform, to_uint8_tensor
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; decode_jpeg still works
+warnings.filterwarnings("ignore", message=".*image decoding and encoding capabilities of TorchVision.*")
+
+
+def deferred_jpeg(sample: dict, classes: Sequence[str] | None = None) -> tuple[str, str, bytes, int] | None:
+    """(shard url, key, JPEG bytes, label) when the sample's image is a JPEG, else None (decode it here).
+
+    The label is decoded now: a sample without a valid label raises `DecodeError` in the worker, as it
+    would with CPU decoding.
+    """
+    extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+    if extension not in ("jpg", "jpeg") or not sample[extension].startswith(JPEG_MAGIC):
+        return None  # PNG, WebP, arrays, or a mislabelled file: the worker decodes it
+    try:
+        label = decode_label(sample, classes)
+    except (ValueError, UnicodeDecodeError) as error:
+        where = f"sample {sample.get('__key__')!r} in shard {sample.get('__url__')}"
+        raise DecodeError(f"cannot decode {where}: {error}") from None
+    return sample["__url__"], sample["__key__"], sample[extension], label
+
+
+def collate_deferred(
+    items: list[tuple[torch.Tensor, int, str]],
+    deferred: list[tuple[str, str, bytes, int]],
+    skipped: Sequence[tuple[str, str, str]],
+    augment_seed: int | None,
+) -> dict:
+    """A batch whose "image" holds the worker-decoded images (None if there are none) and whose "jpeg"
+    holds the (shard url, bytes) of the others; labels and keys list the worker-decoded samples first.
+
+    `augment_seed` (None for evaluation) seeds the device's random crops and flips, so they are the same
+    on resume. Bytes, not tensors: Lightning leaves them on the CPU, where `decode_jpeg` wants its input.
+    """
+    images = torch.stack([image for image, _, _ in items]) if items else None
+    return {
+        "image": images,
+        "label": torch.tensor([label for _, label, _ in items] + [d[3] for d in deferred], dtype=torch.long),
+        "key": [key for _, _, key in items] + [d[1] for d in deferred],
+        "skipped": list(skipped),
+        "jpeg": [(url, data) for url, _, data, _ in deferred],
+        "augment_seed": augment_seed,
+    }
+
+
+class DeviceDecoder:
+    """Decodes a batch's deferred JPEGs on its device and applies the preset there, batched.
+
+    Args:
+        preset: the training augmentation preset (evaluation batches get resize and center crop).
+        image_size: side of the square images the model sees.
+    """
+
+    def __init__(self, preset: Preset, image_size: int) -> None:
+        self.image_size = image_size
+        train_steps = list(build_transform(preset, image_size, train=True).transforms)
+        crop = next((s for s in train_steps if isinstance(s, v2.RandomResizedCrop)), None)
+        flip = next((s for s in train_steps if isinstance(s, v2.RandomHorizontalFlip)), None)
+        self.crop_scale, self.crop_ratio = (list(crop.scale), list(crop.ratio)) if crop else (None, None)
+        self.flip_probability = flip.p if flip else 0.0
+        batched = (v2.RandomResizedCrop, v2.RandomHorizontalFlip, v2.Resize, v2.CenterCrop)
+        rest = [step for step in train_steps if not isinstance(step, batched)]
+        self.per_image = v2.Compose(rest) if rest else None
+
+    def __call__(self, batch: dict) -> tuple[dict, list[tuple[str, str, str]]]:
+        """The batch with every image decoded (uint8 [B, 3, S, S] on the device) and "jpeg" removed,
+        and the (shard url, key, reason) of the deferred samples that could not be decoded (left out)."""
+        labels = batch["label"]
+        device = labels.device
+        cpu_count = 0 if batch["image"] is None else len(batch["image"])
+        decoded, failures = decode_on_device([data for _, data in batch["jpeg"]], device)
+        keep = [True] * cpu_count + [image is not None for image in decoded]
+        keys = batch["key"]
+        skipped = [(batch["jpeg"][i][0], keys[cpu_count + i], failures[i]) for i in sorted(failures)]
+        images = [image for image in decoded if image is not None]
+        parts = [] if batch["image"] is None else [batch["image"]]
+        if images:
+            seed = batch["augment_seed"]
+            parts.append(self._resize_center(images) if seed is None else self._augment(images, seed))
+        if not parts:
+            raise DecodeError(f"every sample of a batch was undecodable; the first: {skipped[0][2]}")
+        result = {key: value for key, value in batch.items() if key not in ("jpeg", "augment_seed")}
+        result["image"] = torch.cat(parts)
+        if skipped:
+            result["label"] = labels[torch.tensor(keep, device=device)]
+            result["key"] = [key for key, kept in zip(keys, keep, strict=True) if kept]
+            result["skipped"] = list(batch["skipped"]) + skipped
+        return result, skipped
+
+    def _resize_center(self, images: list[torch.Tensor]) -> torch.Tensor:
+        """Resize the shorter side to the image size and crop the center, as the evaluation transform."""
+        boxes = []
+        for image in images:
+            height, width = image.shape[-2:]
+            side = min(height, width)
+            boxes.append(((width - side) / 2, (height - side) / 2, side, side))
+        return crop_resize(images, boxes, self.image_size)
+
+    def _augment(self, images: list[torch.Tensor], seed: int) -> torch.Tensor:
+        """The training preset: random crops and flips batched, any other steps per image."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            if self.crop_scale is None:
+                output = self._resize_center(images)
+            else:
+                boxes = []
+                for image in images:
+                    top, left, height, width = v1.RandomResizedCrop.get_params(image, self.crop_scale, self.crop_ratio)
+                    boxes.append((left, top, width, height))
+                output = crop_resize(images, boxes, self.image_size)
+            if self.flip_probability:
+                flips = (torch.rand(len(images)) < self.flip_probability).to(output.device)
+                output = torch.where(flips.view(-1, 1, 1, 1), output.flip(-1), output)
+            if self.per_image is not None:
+                output = torch.stack([self.per_image(image) for image in output])
+        return output
+
+
+def decode_on_device(encoded: list[bytes], device: torch.device) -> tuple[list[torch.Tensor | None], dict[int, str]]:
+    """Decode JPEGs to uint8 RGB CHW tensors on `device`: one batched call, then one at a time (and
+    PIL on the CPU) for a batch that fails. Returns the images (None where undecodable) and the
+    reasons of the failures by position."""
+    tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in encoded]
+    try:
+        return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)), {}
+    except RuntimeError:
+        pass  # one bad JPEG fails the whole call: find it
+    images, failures = [], {}
+    for position, (data, tensor) in enumerate(zip(encoded, tensors, strict=True)):
+        try:
+            images.append(decode_jpeg(tensor, mode=ImageReadMode.RGB, device=device))
+            continue
+        except RuntimeError:
+            pass
+        try:
+            images.append(to_uint8_tensor(decode_image(data)).to(device))
+        except (OSError, ValueError) as error:
+            images.append(None)
+            failures[position] = f"cannot decode the JPEG on {device} nor with PIL: {error}"
+    return images, failures
+
+
+def crop_resize(images: list[torch.Tensor], boxes: list[tuple[float, float, float, float]], size: int) -> torch.Tensor:
+    """Crop each image to its (left, top, width, height) box and resize it to size x size: one
+    `roi_align` per distinct image size, whose adaptive sampling averages about one sample per source
+    pixel when shrinking (an area filter, so no aliasing) and interpolates bilinearly when enlarging."""
+    output = torch.empty(len(images), 3, size, size, dtype=torch.uint8, device=images[0].device)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for position, image in enumerate(images):
+        groups.setdefault(tuple(image.shape[-2:]), []).append(position)
+    for positions in groups.values():
+        stack = torch.stack([images[p] for p in positions]).float()
+        rois = torch.tensor(
+            [[row, *_corners(boxes[p])] for row, p in enumerate(positions)], dtype=torch.float32, device=stack.device
+        )
+        resized = roi_align(stack, rois, (size, size), sampling_ratio=-1, aligned=True)
+        output[positions] = resized.round_().clamp_(0, 255).to(torch.uint8)
+    return output
+
+
+def _corners(box: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
+    left, top, width, height = box
+    return left, top, left + width, top + height
