@@ -1,0 +1,70 @@
+"""The benchmark: its JSON has every figure and ratio, its ratios are the medians' quotients, its larger
+dataset is the smaller one 8 times; and the GPU benchmark's script runs (on a CPU, with a small model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from project.bench import RATIO_KEYS, main, subset_index, summarize, table
+from project.data.shards import resolve_shards
+
+from .conftest import REPO, write_shards
+
+
+def test_ratios_are_quotients_of_the_medians_of_the_repeats():
+    runs = {"decode": [100, 300, 200], "loader": [190, 180, 170], "loader_1": [50, 60, 40], "loader_2": [90, 100, 95],
+            "imagefolder": [150, 170, 160], "rss_small_mb": [400], "rss_large_mb": [410], "template": [97, 99, 98],
+            "hand_loop": [100, 100, 101]}  # fmt: skip
+    settings = {"batch_size": 8, "image_size": 8, "augment": "none"}
+    result = summarize({"runs": runs, "workers": 2, "samples": 10, "rss_samples": [5, 40], "repeats": 3,
+                        "steps": 4, "data": "d", "settings": settings})  # fmt: skip
+    assert result["ratios"] == pytest.approx({"loader_vs_decode": 0.9, "loader_vs_imagefolder": 180 / 160,
+                                              "workers_2_vs_1": 1.9, "rss_large_vs_small": 1.025,
+                                              "template_vs_hand_loop": 0.98})  # fmt: skip
+    assert tuple(result["ratios"]) == RATIO_KEYS
+    text = table(result)
+    assert "| (a) decode limit: bare decoding | 2 processes | 200 samples/s |" in text
+    assert "| ratio workers_2_vs_1 |  | 1.90 |" in text
+
+
+def test_the_large_dataset_is_the_small_one_listed_eight_times(tmp_path):
+    write_shards(tmp_path / "train", [10, 10, 10])
+    train = resolve_shards(str(tmp_path / "train"))
+    small = resolve_shards(str(subset_index(train.shards, 15, train.classes, tmp_path / "small")))
+    large = resolve_shards(str(subset_index(train.shards, 15, train.classes, tmp_path / "large", copies=8)))
+    assert [shard.nsamples for shard in small.shards] == [10, 10] and small.classes == train.classes
+    assert large.nsamples == 8 * small.nsamples and large.shards == small.shards * 8
+
+
+@pytest.mark.slow
+def test_bench_json_holds_every_figure_and_ratio(tiny_demo, capsys):
+    main(["--data", str(tiny_demo), "--quick", "--json"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert set(result["ratios"]) == set(RATIO_KEYS)
+    assert all(value > 0 for value in result["ratios"].values())
+    figures = ("decode", "loader", "loader_1", "loader_2", "imagefolder", "rss_small_mb", "rss_large_mb",
+               "template", "hand_loop")  # fmt: skip
+    assert set(result["medians"]) == set(figures) and all(result["runs"][name] for name in figures)
+    assert result["rss_samples"][1] == 8 * result["rss_samples"][0]
+    assert any("ratio template_vs_hand_loop" in line for line in lines[:-1])
+
+
+@pytest.mark.slow
+def test_gpu_bench_script_runs_on_a_cpu_with_a_small_model(capsys):
+    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu_bench.py")
+    gpu_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_bench)
+    args = ["--device", "cpu", "--model", "mobilenet_v3_small", "--precision", "32", "--batch-size", "2",
+            "--steps", "2", "--warmup", "1", "--image-size", "32", "--samples", "8", "--workers", "1"]  # fmt: skip
+    results = gpu_bench.main(args)
+    for run in ("decode_cpu", "decode_device"):
+        assert results[run]["images_per_s"] > 0 and 0 <= results[run]["data_wait"] < 1
+    assert results["ratios"]["decode_cpu_vs_synthetic"] == pytest.approx(
+        results["decode_cpu"]["images_per_s"] / results["synthetic"]["images_per_s"]
+    )
+    assert "synthetic batches on the device" in capsys.readouterr().out
+    assert "configs/trainer/bf16.yaml" in (REPO / "scripts" / "gpu_bench.sh").read_text()
