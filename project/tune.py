@@ -1,0 +1,254 @@
+"""Search hyperparameters with Optuna; every trial is a normal training run.
+
+    python -m project.tune [train overrides...] --n-trials N [--search FILE] [--storage URL] [--study-name NAME]
+
+The train overrides are project.train's own (`--config FILE`, `--section.key VALUE`). Each trial adds the
+values the TPE sampler drew for the keys of the search space (configs/tune/default.yaml), fits without
+testing, and reports the validation metric after every epoch, so that a bad trial is pruned early
+(optuna-integration's PyTorchLightningPruningCallback). Trial N logs to logs/<study>/trial_N/.
+
+The study is stored in logs/<study>/study.db (SQLite) unless --storage names another database. It runs
+until the study holds N finished (complete or pruned) trials: run the same command again to resume it
+after an interruption, with a larger N to add trials, or on several machines against one RDB url
+(PostgreSQL, MySQL) to share the work. At the end it prints a table of the trials and writes the best
+trial's configuration to logs/<study>/best.yaml, for `python -m project.train --config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+import yaml
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from optuna.trial import TrialState
+from optuna_integration import PyTorchLightningPruningCallback
+from rich.console import Console
+from rich.table import Table
+
+from project.cli import CONFIG_DIR, ConfigOnlyCLI, ProjectCLI, print_train_help
+from project.errors import UserError, run_main
+
+DEFAULT_SEARCH = CONFIG_DIR / "tune" / "default.yaml"
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+# each trial hands LightningCLI its own argument list, on purpose
+warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
+
+
+def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(tune options, train overrides): every argument tune does not know goes to the trials."""
+    parser = argparse.ArgumentParser(
+        prog="python -m project.tune",
+        description="Search hyperparameters with Optuna; every trial is a project.train run.",
+    )
+    parser.add_argument("--n-trials", type=int, required=True, help="finished trials the study should hold")
+    parser.add_argument("--search", type=Path, default=DEFAULT_SEARCH, help="search space YAML")
+    parser.add_argument("--storage", help="Optuna storage url (default: sqlite:///<logs>/<study>/study.db)")
+    parser.add_argument("--study-name", help="default: <experiment>-tune")
+    if "-h" in args or "--help" in args:
+        print_train_help(parser.format_help())
+    options, overrides = parser.parse_known_args(args)
+    if options.n_trials < 1:
+        raise UserError(f"--n-trials must be at least 1, got {options.n_trials}")
+    if "--ckpt_path" in overrides or any(arg.startswith("--ckpt_path=") for arg in overrides):
+        raise UserError("--ckpt_path: every trial trains from scratch; tune does not resume checkpoints")
+    return options, overrides
+
+
+def load_search(path: Path) -> dict[str, Any]:
+    """The search space file: metric, direction, pruner and params (checked here, before any trial)."""
+    if not path.is_file():
+        raise UserError(f"search space not found: {path}")
+    search = yaml.safe_load(path.read_text()) or {}
+    search.setdefault("metric", "val/acc")
+    search.setdefault("direction", "maximize")
+    if search["direction"] not in ("maximize", "minimize"):
+        raise UserError(f"{path}: direction must be maximize or minimize, got {search['direction']!r}")
+    params = search.get("params")
+    if not isinstance(params, dict) or not params:
+        raise UserError(f"{path}: expected a 'params' mapping of config keys to distributions")
+    for key, spec in params.items():
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        needed = {"float": ("low", "high"), "int": ("low", "high"), "categorical": ("choices",)}.get(kind)
+        if needed is None or any(name not in spec for name in needed):
+            raise UserError(f"{path}: {key} needs type float or int (with low, high) or categorical (with choices)")
+    return search
+
+
+def make_pruner(spec: dict[str, Any] | None) -> optuna.pruners.BasePruner:
+    if not spec:
+        return optuna.pruners.NopPruner()
+    arguments = dict(spec)
+    name = arguments.pop("name", None)
+    pruner = getattr(optuna.pruners, str(name), None)
+    if not (isinstance(pruner, type) and issubclass(pruner, optuna.pruners.BasePruner)):
+        raise UserError(f"pruner {name!r} is not an optuna.pruners class (MedianPruner, HyperbandPruner, ...)")
+    try:
+        return pruner(**arguments)
+    except (TypeError, ValueError) as error:
+        raise UserError(f"pruner {name}: {error}") from None
+
+
+def suggest(trial: optuna.Trial, params: dict[str, dict]) -> dict[str, Any]:
+    """One value per config key, drawn by the trial's sampler."""
+    values = {}
+    for key, spec in params.items():
+        options = {name: spec[name] for name in ("step", "log") if name in spec}
+        if spec["type"] == "float":
+            values[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]), **options)
+        elif spec["type"] == "int":
+            values[key] = trial.suggest_int(key, int(spec["low"]), int(spec["high"]), **options)
+        else:
+            values[key] = trial.suggest_categorical(key, spec["choices"])
+    return values
+
+
+def as_flags(values: dict[str, Any]) -> list[str]:
+    """`--key=value` flags; non-strings as JSON, which the config parser reads as YAML."""
+    return [f"--{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in values.items()]
+
+
+def run_trial(trial: optuna.Trial, flags: list[str], metric: str) -> float:
+    """Fit one trial through the same CLI as project.train; its value is the last validation `metric`."""
+    pruning = PyTorchLightningPruningCallback(trial, monitor=metric)
+    cli = ProjectCLI(args=flags, trainer_defaults={"callbacks": [pruning]})
+    trainer = cli.trainer
+    if trainer.world_size > 1:
+        raise UserError(
+            "project.tune runs each trial in one process: drop the multi-device trainer settings and start "
+            "one tune process per GPU (CUDA_VISIBLE_DEVICES) against the same --storage instead"
+        )
+    log_dir = getattr(trainer.logger, "log_dir", None)
+    trial.set_user_attr("run_folder", str(log_dir) if log_dir else "")
+    trial.set_user_attr("config", cli.parser.dump(cli.config, skip_none=False))
+    trainer.fit(cli.model, datamodule=cli.datamodule)
+    value = trainer.callback_metrics.get(metric)
+    if value is None:
+        raise UserError(f"metric {metric} was never logged: is validation on, and is the name right?")
+    return float(value)
+
+
+def trial_flags(overrides: list[str], config: Any, study_folder: Path, number: int) -> list[str]:
+    """The trial's own run folder: logs/<study>/trial_N (checkpoints inside it too, without a logger)."""
+    flags = [*overrides, f"--trainer.default_root_dir={study_folder / f'trial_{number}'}"]
+    logger = config.trainer.logger
+    if getattr(logger, "init_args", None) is not None and "version" in logger.init_args:
+        logger_args = "--trainer.logger.init_args"
+        flags += [f"{logger_args}.name={study_folder.name}", f"{logger_args}.version=trial_{number}"]
+    return flags
+
+
+def optimize(study: optuna.Study, n_trials: int, overrides: list[str], config: Any, search: dict, folder: Path) -> None:
+    """Run trials until the study (shared by every process on its storage) holds `n_trials` finished ones."""
+    while (done := len(study.get_trials(deepcopy=False, states=FINISHED))) < n_trials:
+        trial = study.ask()
+        values = suggest(trial, search["params"])
+        shown = ", ".join(f"{key}={short(value)}" for key, value in values.items())
+        print(f"\ntrial {trial.number} ({done} of {n_trials} finished so far): {shown}", file=sys.stderr)
+        flags = trial_flags(overrides, config, folder, trial.number) + as_flags(values)
+        try:
+            value = run_trial(trial, flags, search["metric"])
+        except optuna.TrialPruned as pruned:
+            study.tell(trial, state=TrialState.PRUNED)
+            print(f"trial {trial.number} pruned: {pruned}", file=sys.stderr)
+            continue
+        except torch.OutOfMemoryError:
+            study.tell(trial, state=TrialState.FAIL)
+            print(f"trial {trial.number} failed: out of memory; the study goes on", file=sys.stderr)
+            continue
+        except BaseException:  # an error or an interruption: the trial is not left RUNNING
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        study.tell(trial, value)
+        print(f"trial {trial.number}: {search['metric']} = {value:.4f}", file=sys.stderr)
+
+
+def short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def trials_table(study: optuna.Study, metric: str) -> Table:
+    trials = study.get_trials(deepcopy=False)
+    keys = sorted({key for trial in trials for key in trial.params})
+    best = study.best_trial.number if any(t.state == TrialState.COMPLETE for t in trials) else None
+    table = Table(title=f"study {study.study_name}: {len(trials)} trials")
+    for column in ("trial", "state", metric, *keys, "minutes"):
+        table.add_column(column, justify="left" if column == "state" else "right")
+    for trial in trials:
+        value = trial.value if trial.value is not None else trial.intermediate_values.get(trial.last_step or 0)
+        minutes = f"{trial.duration.total_seconds() / 60:.1f}" if trial.duration else ""
+        params = [short(trial.params.get(key, "")) for key in keys]
+        number = f"{trial.number}{' *' if trial.number == best else ''}"
+        row = [number, trial.state.name.lower(), "" if value is None else f"{value:.4f}", *params, minutes]
+        table.add_row(*row)
+    return table
+
+
+def write_best(study: optuna.Study, path: Path) -> Path | None:
+    """The best trial's full configuration, logging to a new version folder of the study's experiment."""
+    if not any(trial.state == TrialState.COMPLETE for trial in study.get_trials(deepcopy=False)):
+        return None
+    best = study.best_trial
+    config = yaml.safe_load(best.user_attrs["config"])
+    logger = (config.get("trainer") or {}).get("logger")
+    if isinstance(logger, dict) and isinstance(logger.get("init_args"), dict):
+        logger["init_args"]["version"] = None  # a fresh version_N, not the trial's folder
+    config["trainer"]["default_root_dir"] = None
+    values = ", ".join(f"{key}={value}" for key, value in best.params.items())
+    header = (
+        f"# the best trial ({best.number}) of study {study.study_name}: {best.value:.4f}, with {values}\n"
+        f"# the whole configuration it ran with; train it: python -m project.train --config {path}\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def main(args: list[str] | None = None) -> optuna.Study:
+    options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
+    search = load_search(options.search)
+    config = ConfigOnlyCLI(args=overrides).config  # checks the overrides and builds the demo data if missing
+    unknown = [key for key in search["params"] if key not in config]
+    if unknown:
+        raise UserError(f"search space {options.search}: {unknown[0]!r} is not a config key (see project.train --help)")
+    logger = getattr(config.trainer.logger, "init_args", None)
+    save_dir = Path(getattr(logger, "save_dir", None) or "logs")
+    name = options.study_name or f"{getattr(logger, 'name', None) or 'study'}-tune"
+    folder = save_dir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = options.storage or f"sqlite:///{folder / 'study.db'}"
+    sampler, pruner = optuna.samplers.TPESampler(), make_pruner(search.get("pruner"))
+    try:
+        study = optuna.create_study(storage=storage, sampler=sampler, pruner=pruner, study_name=name,
+                                    direction=search["direction"], load_if_exists=True)  # fmt: skip
+    except ValueError as error:  # e.g. an existing study with the other direction
+        raise UserError(f"study {name} in {storage}: {error}") from None
+    print(f"study {name} in {storage}", file=sys.stderr)
+    started = time.perf_counter()
+    try:
+        optimize(study, options.n_trials, overrides, config, search, folder)
+    except SIGTERMException:
+        print(f"stopped by SIGTERM: run the same command again to resume study {name}", file=sys.stderr)
+        raise SystemExit(143) from None
+    finally:
+        Console(width=max(Console().width, 120)).print(trials_table(study, search["metric"]))
+        print(f"trial run folders: {folder}/trial_N (tensorboard --logdir {folder})")
+    best = write_best(study, folder / "best.yaml")
+    minutes = (time.perf_counter() - started) / 60
+    if best is None:
+        print(f"no trial completed in {minutes:.1f} min, so there is no best configuration yet")
+    else:
+        print(f"best trial {study.best_trial.number}: {search['metric']} = {study.best_value:.4f} ({minutes:.1f} min)")
+        print(f"best config: {best}\ntrain it:    python -m project.train --config {best}")
+    return study
+
+
+if __name__ == "__main__":
+    run_main(main)
