@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import csv
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from project.data.datamodule import ShardDataModule
 from project.data.plan import fraction_counts, total_batches, train_plan
 from project.errors import UserError
+
+from .conftest import run_module
 
 shard_sizes = st.lists(st.integers(0, 80), min_size=1, max_size=15)
 fractions = st.floats(0.001, 1.0, allow_nan=False)
@@ -90,3 +95,24 @@ def test_the_data_module_trains_on_a_nested_seed_independent_prefix_and_keeps_va
     assert set(other_seed) == set(quarter) and other_seed != quarter  # same subset, new order
     assert sorted(key for batch in read_split(tmp_path, "val", 0.25) for key in batch) == sorted(val_keys)
     assert math.isclose(len(train_keys) * 0.25, len(quarter))
+
+
+@pytest.mark.slow
+def test_scaling_trains_each_fraction_and_writes_a_csv_and_a_plot(tiny_demo, tmp_path):
+    args = ["--fractions=1.0,0.5", f"--data.root={tiny_demo}", "--data.image_size=16", "--data.batch_size=32",
+            "--data.num_workers=0", "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
+            "--trainer.num_sanity_val_steps=0", "--trainer.limit_test_batches=2", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false"]  # fmt: skip
+    result = run_module("project.scaling", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "logs" / "demo-scaling"
+    assert f"scaling runs: {Path('logs') / 'demo-scaling'}" in result.stderr
+    with (folder / "scaling.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert [(row["fraction"], row["train_samples"], row["steps"]) for row in rows] == [
+        ("0.5", "300", "9"), ("1.0", "600", "18")]  # fmt: skip
+    assert all(0 <= float(row["test/acc"]) <= 1 and float(row["fit_seconds"]) > 0 for row in rows)
+    for row in rows:
+        assert (tmp_path / row["run_folder"] / "checkpoints" / "best.ckpt").is_file()
+    with Image.open(folder / "scaling.png") as plot:
+        assert plot.format == "PNG" and plot.width > 600

@@ -171,8 +171,8 @@ def fraction_counts(counts: Sequence[int], fraction: float) -> list[int]:
         raise UserError(f"data.fraction must be in (0, 1], got {fraction}")
     if any(count < 0 for count in counts):
         raise ValueError("shard sizes must not be negative")
-    share = Fraction(fraction)  # exact: the same float always gives the same subset
-    target = round(share * sum(counts))
+    share = Fraction(fraction)  # exact ranks: the same float always gives the same subset
+    target = round(fraction * sum(counts))  # as Python computes it: 18 for 0.7 of 25, not 17 (0.69999...)
     # the samples ranked below `share`; then add the next ones (or drop the last ones) in rank order
     kept = [min(n, max(0, math.ceil(n * share - Fraction(1, 2)))) for n in counts]
     adding = target > sum(kept)
