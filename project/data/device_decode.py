@@ -50,7 +50,9 @@ def deferred_jpeg(sample: dict, classes: Sequence[str] | None = None) -> tuple[s
 
 
 def collate_deferred(
-    items: list[tuple[torch.Tensor, int, str]],
+    images: torch.Tensor | None,
+    labels: list[int],
+    keys: list[str],
     deferred: list[tuple[str, str, bytes, int]],
     skipped: Sequence[tuple[str, str, str]],
     augment_seed: int | None,
@@ -61,11 +63,10 @@ def collate_deferred(
     `augment_seed` (None for evaluation) seeds the device's random crops and flips, so they are the same
     on resume. Bytes, not tensors: Lightning leaves them on the CPU, where `decode_jpeg` wants its input.
     """
-    images = torch.stack([image for image, _, _ in items]) if items else None
     return {
         "image": images,
-        "label": torch.tensor([label for _, label, _ in items] + [d[3] for d in deferred], dtype=torch.long),
-        "key": [key for _, _, key in items] + [d[1] for d in deferred],
+        "label": torch.tensor(labels + [d[3] for d in deferred], dtype=torch.long),
+        "key": keys + [d[1] for d in deferred],
         "skipped": list(skipped),
         "jpeg": [(url, data) for url, _, data, _ in deferred],
         "augment_seed": augment_seed,

@@ -254,13 +254,13 @@ class ShardStream(IterableDataset):
                     skipped.append((sample["__url__"], sample["__key__"], str(error)))
                     continue
                 items.append((pixels(image), label, sample["__key__"]))
-            images = transform_all(self.transform, [image for image, _, _ in items])
-        items = [(image, label, key) for image, (_, label, key) in zip(images, items, strict=True)]
+            images = transform_all(self.transform, [image for image, _, _ in items]) if items else None
+        labels, keys = [label for _, label, _ in items], [key for _, _, key in items]
         if deferred:
-            return collate_deferred(items, deferred, skipped, augment_seed)
+            return collate_deferred(images, labels, keys, deferred, skipped, augment_seed)
         if not items:
             raise ShardError(f"every sample of a batch was unreadable; the first: {skipped[0][2]}")
-        return collate(items, skipped)
+        return collate(images, labels, keys, skipped)
 
     def _encoded(self, segments: Sequence[Segment]) -> Iterator[dict | Missing]:
         """Each segment's samples in order: exactly len(segment) items, `Missing` for unreadable ones."""
@@ -290,21 +290,22 @@ def pixels(image: Image.Image | np.ndarray) -> torch.Tensor:
     return to_uint8_tensor(image)
 
 
-def transform_all(transform: Callable[[torch.Tensor], torch.Tensor], images: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Apply `transform` to each image, or once to the stacked batch when it is deterministic (resize
-    and center crop) and the images share a size: one call instead of one per sample."""
+def transform_all(transform: Callable[[torch.Tensor], torch.Tensor], images: list[torch.Tensor]) -> torch.Tensor:
+    """The batch of transformed images: `transform` applied to each image, or once to the stacked batch
+    when it is deterministic (resize and center crop) and the images share a size."""
     steps = transform.transforms if isinstance(transform, v2.Compose) else [transform]
     deterministic = all(isinstance(step, (v2.Resize, v2.CenterCrop)) for step in steps)
     if len(images) > 1 and deterministic and len({image.shape for image in images}) == 1:
-        return list(transform(torch.stack(images)))
-    return [transform(image) for image in images]
+        return transform(torch.stack(images)).contiguous()
+    return torch.stack([transform(image) for image in images])
 
 
-def collate(items: list[tuple[torch.Tensor, int, str]], skipped: Sequence[tuple[str, str, str]] = ()) -> Batch:
-    """Stack a batch; `skipped` lists (shard url, key, reason) of the samples left out of it."""
-    images, labels, keys = zip(*items, strict=True)
+def collate(
+    images: torch.Tensor, labels: list[int], keys: list[str], skipped: Sequence[tuple[str, str, str]] = ()
+) -> Batch:
+    """A batch; `skipped` lists (shard url, key, reason) of the samples left out of it."""
     return {
-        "image": torch.stack(images),
+        "image": images,
         "label": torch.tensor(labels, dtype=torch.long),
         "key": list(keys),
         "skipped": list(skipped),
