@@ -1,6 +1,7 @@
 """Measure the input pipeline and the training loop side by side, in one run, on the same shards.
 
-    python -m project.bench [--data DIR] [--workers N] [--json] [--repeats R] [--samples N] [--steps N] [--quick]
+    python -m project.bench [--data DIR] [--workers N] [--json] [--repeats R] [--samples N] [--steps N]
+                            [--image-size S] [--quick]
 
 On the training split of DIR (the demo's by default, built if missing), with the data settings of
 configs/default.yaml:
@@ -89,10 +90,17 @@ def _decode_all(samples: list[dict], size: int) -> None:
         pixels(image)
 
 
-def decode_rate(samples: list[dict], processes: int, size: int) -> float:
-    """Samples/s of bare decoding by `processes` forked processes, each with an equal share."""
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that have exited (workers, once joined)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def decode_rate(samples: list[dict], processes: int, size: int) -> tuple[float, float]:
+    """(samples/s, CPU microseconds per sample) of bare decoding by `processes` forked processes, each
+    with an equal share."""
     context = multiprocessing.get_context("fork")  # as DataLoader workers start on Linux
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     workers = [context.Process(target=_decode_all, args=(samples[i::processes], size)) for i in range(processes)]
     for worker in workers:
         worker.start()
@@ -100,7 +108,7 @@ def decode_rate(samples: list[dict], processes: int, size: int) -> float:
         worker.join()
     if any(worker.exitcode for worker in workers):
         raise RuntimeError("a decoding process failed")
-    return len(samples) / (time.perf_counter() - start)
+    return len(samples) / (time.perf_counter() - start), (cpu_seconds() - cpu) / len(samples) * 1e6
 
 
 # (b) the project's loader, (c) ImageFolder ----------------------------------------------------------
@@ -112,13 +120,15 @@ def make_datamodule(index: Path, workers: int, settings: dict):  # noqa: ANN201
     return ShardDataModule(root=None, train=str(index), num_workers=workers, pin_memory=False, **settings)
 
 
-def loader_rate(index: Path, workers: int, settings: dict) -> float:
-    """Samples/s of one training epoch of the project's loader, from iter() to its last batch."""
+def loader_rate(index: Path, workers: int, settings: dict) -> tuple[float, float]:
+    """(samples/s, CPU microseconds per sample in the main process and the workers) of one training
+    epoch of the project's loader, from iter() to its last batch."""
     loader = make_datamodule(index, workers, settings).train_dataloader()
-    start, count = time.perf_counter(), 0
+    start, cpu, count = time.perf_counter(), cpu_seconds(), 0
     for batch in loader:
         count += len(batch["label"])
-    return count / (time.perf_counter() - start)
+    rate = count / (time.perf_counter() - start)
+    return rate, (cpu_seconds() - cpu) / count * 1e6  # the exhausted loader has joined its workers
 
 
 def write_image_folder(samples: list[dict], folder: Path) -> Path:
@@ -206,12 +216,13 @@ def steady_rate(times: list[float], batch_size: int) -> float:
     return (len(times) - 1) * batch_size / (times[-1] - times[0])
 
 
-def template_run(root: str, index: Path, workers: int, steps: int, logs: Path):  # noqa: ANN201
+def template_run(root: str, index: Path, workers: int, steps: int, logs: Path, image_size: int):  # noqa: ANN201
     """The Trainer, model and data module as `project.train` builds them, for `steps` training steps."""
     from project.cli import ProjectCLI
 
     args = [
         f"--data.root={root}",
+        f"--data.image_size={image_size}",
         f"--data.train={index}",
         f"--data.num_workers={workers}",
         "--trainer.max_epochs=1",
@@ -225,10 +236,12 @@ def template_run(root: str, index: Path, workers: int, steps: int, logs: Path): 
     return ProjectCLI(args=args)
 
 
-def template_rate(root: str, index: Path, workers: int, steps: int, logs: Path) -> tuple[float, Callable[[], float]]:
+def template_rate(
+    root: str, index: Path, workers: int, steps: int, logs: Path, image_size: int
+) -> tuple[float, Callable[[], float]]:
     """Samples/s of the template, and a function that runs the hand loop on a copy of the same model
     and a fresh copy of the same data module (so the same batches) and returns its samples/s."""
-    cli = template_run(root, index, workers, steps, logs)
+    cli = template_run(root, index, workers, steps, logs, image_size)
     model, data = copy.deepcopy(cli.model), copy.deepcopy(cli.datamodule)
     clock = StepClock()
     cli.trainer.callbacks.append(clock)
@@ -263,17 +276,24 @@ def hand_loop_rate(model: torch.nn.Module, data, steps: int, device: torch.devic
 def measure(args: argparse.Namespace, scratch: Path) -> dict:
     """Every figure of the benchmark: {name: [one value per repeat]}, plus the settings used."""
     settings = data_settings()
+    if args.image_size is not None:
+        settings["image_size"] = args.image_size
     train = resolve_shards(str(Path(args.data) / "train"))
     index = subset_index(train.shards, args.samples, train.classes, scratch / "train")
     samples = [sample for shard in resolve_shards(str(index)).shards for sample in read_samples(shard.url)]
     folder = write_image_folder(samples, scratch / "imagefolder")
     workers, size = args.workers, settings["image_size"]
-    runs: dict[str, list[float]] = {name: [] for name in ("decode", "loader", "loader_1", "loader_2", "imagefolder")}
+    names = ("decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2", "imagefolder")
+    runs: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.repeats):
-        runs["decode"].append(decode_rate(samples, max(1, workers), size))
-        runs["loader"].append(loader_rate(index, workers, settings))
-        runs["loader_1"].append(loader_rate(index, 1, settings) if workers != 1 else runs["loader"][-1])
-        runs["loader_2"].append(loader_rate(index, 2, settings) if workers != 2 else runs["loader"][-1])
+        for name, (rate, cpu) in (
+            ("decode", decode_rate(samples, max(1, workers), size)),
+            ("loader", loader_rate(index, workers, settings)),
+        ):
+            runs[name].append(rate)
+            runs[f"{name}_cpu_us"].append(cpu)
+        runs["loader_1"].append(loader_rate(index, 1, settings)[0] if workers != 1 else runs["loader"][-1])
+        runs["loader_2"].append(loader_rate(index, 2, settings)[0] if workers != 2 else runs["loader"][-1])
         runs["imagefolder"].append(imagefolder_rate(folder, workers, settings))
     rss_samples = max(1, args.samples // 4)
     small = subset_index(train.shards, rss_samples, train.classes, scratch / "rss-small")
@@ -282,7 +302,8 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     runs["rss_small_mb"], runs["rss_large_mb"] = [small_mb], [large_mb]
     runs["template"], runs["hand_loop"] = [], []
     for repeat in range(args.repeats):
-        template, hand_loop = template_rate(args.data, index, workers, args.steps, scratch / f"logs{repeat}")
+        logs = scratch / f"logs{repeat}"
+        template, hand_loop = template_rate(args.data, index, workers, args.steps, logs, size)
         runs["template"].append(template)
         runs["hand_loop"].append(hand_loop())
     return {
@@ -317,7 +338,9 @@ def table(result: dict) -> str:
     small, large = result["rss_samples"]
     rows = [
         ("(a) decode limit: bare decoding", f"{n} processes", f"{m['decode']:,.0f} samples/s"),
+        ("    CPU time per sample, all processes", "", f"{m['decode_cpu_us']:,.0f} µs"),
         ("(b) project train loader", f"{n} workers", f"{m['loader']:,.0f} samples/s"),
+        ("    CPU time per sample, all processes", "", f"{m['loader_cpu_us']:,.0f} µs"),
         ("    project train loader", "1 worker", f"{m['loader_1']:,.0f} samples/s"),
         ("    project train loader", "2 workers", f"{m['loader_2']:,.0f} samples/s"),
         ("(c) ImageFolder + DataLoader", f"{n} workers", f"{m['imagefolder']:,.0f} samples/s"),
@@ -345,7 +368,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="end with one line of JSON: figures and ratios")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each measurement (medians)")
     parser.add_argument("--samples", type=int, default=20000, help="training samples the loaders read")
-    parser.add_argument("--steps", type=int, default=100, help="training steps of (e)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps of (e)")
+    parser.add_argument("--image-size", type=int, default=None, help="training image size (default: the config's)")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 512 samples, 6 steps: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:

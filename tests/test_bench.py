@@ -15,7 +15,8 @@ from .conftest import REPO, write_shards
 
 
 def test_ratios_are_quotients_of_the_medians_of_the_repeats():
-    runs = {"decode": [100, 300, 200], "loader": [190, 180, 170], "loader_1": [50, 60, 40], "loader_2": [90, 100, 95],
+    runs = {"decode": [100, 300, 200], "decode_cpu_us": [9, 10, 11], "loader": [190, 180, 170],
+            "loader_cpu_us": [12, 11, 13], "loader_1": [50, 60, 40], "loader_2": [90, 100, 95],
             "imagefolder": [150, 170, 160], "rss_small_mb": [400], "rss_large_mb": [410], "template": [97, 99, 98],
             "hand_loop": [100, 100, 101]}  # fmt: skip
     settings = {"batch_size": 8, "image_size": 8, "augment": "none"}
@@ -46,8 +47,8 @@ def test_bench_json_holds_every_figure_and_ratio(tiny_demo, capsys):
     result = json.loads(lines[-1])
     assert set(result["ratios"]) == set(RATIO_KEYS)
     assert all(value > 0 for value in result["ratios"].values())
-    figures = ("decode", "loader", "loader_1", "loader_2", "imagefolder", "rss_small_mb", "rss_large_mb",
-               "template", "hand_loop")  # fmt: skip
+    figures = ("decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2", "imagefolder",
+               "rss_small_mb", "rss_large_mb", "template", "hand_loop")  # fmt: skip
     assert set(result["medians"]) == set(figures) and all(result["runs"][name] for name in figures)
     assert result["rss_samples"][1] == 8 * result["rss_samples"][0]
     assert any("ratio template_vs_hand_loop" in line for line in lines[:-1])

@@ -1,0 +1,75 @@
+"""How the loader's ratio to bare decoding moves with the cost of decoding: (a), (b) and (c) of
+`python -m project.bench` (no training), on the demo at 32 px and at larger stored and trained sizes.
+
+    python benchmarks/loader_scaling.py [--workers N] [--repeats R] [--samples N] [--json]
+
+For each (stored size, training size) it writes a demo training split into a temporary folder (32 px:
+the demo at data/demo), then measures, interleaved and as medians of R repeats: bare decoding by N
+processes, the project's train loader with N workers, and ImageFolder + DataLoader with N workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from project.bench import (
+    data_settings,
+    decode_rate,
+    imagefolder_rate,
+    loader_rate,
+    subset_index,
+    write_image_folder,
+)
+from project.data.demo import make_demo
+from project.data.pipeline import read_samples
+from project.data.shards import resolve_shards
+
+SIZES = ((32, 32), (64, 56), (128, 112))  # (stored, trained): the demo's, then larger images
+
+
+def measure(stored: int, trained: int, args: argparse.Namespace, scratch: Path) -> dict:
+    root = Path("data/demo") if stored == 32 else scratch / f"demo{stored}"
+    if stored != 32:
+        make_demo(root, train=args.samples, val=1, test=1, image_size=stored, samples_per_shard=500, quiet=True)
+    train = resolve_shards(str(root / "train"))
+    index = subset_index(train.shards, args.samples, train.classes, scratch / f"train{stored}")
+    samples = [sample for shard in resolve_shards(str(index)).shards for sample in read_samples(shard.url)]
+    folder = write_image_folder(samples, scratch / f"imagefolder{stored}")
+    settings = {**data_settings(), "image_size": trained}
+    runs = {"decode": [], "loader": [], "imagefolder": []}
+    for _ in range(args.repeats):
+        runs["decode"].append(decode_rate(samples, args.workers, trained)[0])
+        runs["loader"].append(loader_rate(index, args.workers, settings)[0])
+        runs["imagefolder"].append(imagefolder_rate(folder, args.workers, settings))
+    medians = {name: statistics.median(values) for name, values in runs.items()}
+    return {"stored": stored, "trained": trained, "samples": len(samples), "runs": runs, "medians": medians,
+            "loader_vs_decode": medians["loader"] / medians["decode"],
+            "loader_vs_imagefolder": medians["loader"] / medians["imagefolder"]}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=6000)
+    parser.add_argument("--json", action="store_true", help="end with one line of JSON")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="loader-scaling-") as scratch:
+        results = [measure(stored, trained, args, Path(scratch)) for stored, trained in SIZES]
+    print("| stored px | trained px | decode limit | loader | ImageFolder | loader/decode | loader/ImageFolder |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        m, ratios = r["medians"], f"{r['loader_vs_decode']:.2f} | {r['loader_vs_imagefolder']:.2f}"
+        print(f"| {r['stored']} | {r['trained']} | {m['decode']:,.0f}/s | {m['loader']:,.0f}/s | "
+              f"{m['imagefolder']:,.0f}/s | {ratios} |")  # fmt: skip
+    print(f"\n{args.workers} workers, medians of {args.repeats} repeats, {results[0]['samples']:,} samples each")
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
