@@ -1,6 +1,6 @@
 """Export a checkpoint for inference (ONNX or TorchScript, optionally pruned or int8) and check it on real data.
 
-    python -m project.export --ckpt_path P [--format onnx|torchscript] [--quantize dynamic-int8|static-int8]
+    python -m project.export --ckpt_path P [--format onnx|torchscript] [--quantize dynamic-int8|static-int8 ...]
                              [--prune AMOUNT] [--out DIR] [--split test|val] [--batches N] [overrides...]
 
 The model and data are rebuilt from the run's config.yaml (next to its checkpoints/ folder), as
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import pickle
 import statistics
 import sys
 import time
@@ -77,7 +78,8 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--ckpt_path", type=Path, required=True, help="the checkpoint to export")
     parser.add_argument("--format", choices=("onnx", "torchscript"), default="onnx")
-    parser.add_argument("--quantize", choices=("dynamic-int8", "static-int8"), help="add int8 variants (onnx)")
+    parser.add_argument("--quantize", nargs="+", default=[], choices=("dynamic-int8", "static-int8"),
+                        help="add int8 variants (onnx)")  # fmt: skip
     parser.add_argument("--prune", type=float, metavar="AMOUNT", help="add a variant with this share of weights zero")
     parser.add_argument("--out", type=Path, help="output folder (default: <run folder>/export)")
     parser.add_argument("--split", choices=("test", "val"), default="test", help="the split to check on")
@@ -90,7 +92,7 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if not options.ckpt_path.is_file():
         raise UserError(f"checkpoint not found: {options.ckpt_path}")
     if options.quantize and options.format != "onnx":
-        raise UserError(f"--quantize {options.quantize} needs --format onnx (int8 is done by onnxruntime)")
+        raise UserError(f"--quantize {options.quantize[0]} needs --format onnx (int8 is done by onnxruntime)")
     if options.prune is not None and not 0 < options.prune < 1:
         raise UserError(f"--prune must be in (0, 1), got {options.prune}")
     if min(options.batches, options.calibration_batches, options.repeats) < 1:
@@ -103,7 +105,7 @@ def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     cli = ProjectCLI(args=["--trainer.logger", "false", *overrides], extra_config_files=run_config(ckpt_path))
     try:
         state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
-    except (OSError, RuntimeError, KeyError, TypeError) as error:
+    except (OSError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as error:
         raise UserError(f"{ckpt_path} is not a Lightning checkpoint: {error}") from None
     missing, unexpected = cli.model.load_state_dict(state, strict=False)
     if missing or unexpected:
@@ -241,13 +243,12 @@ def build_variants(
         print(f"exporting {name} to {path}", file=sys.stderr)
         export(source, example, path)
         variants[name] = (Variant(name, str(path), zeros=zero_share(source)), runner(path))
-        if options.quantize:
-            quantized_name = f"{name}+{options.quantize}" if name != "fp32" else options.quantize
-            target = path.with_name(f"{path.stem}.{options.quantize}{suffix}")
+        for mode in options.quantize:
+            quantized_name = f"{name}+{mode}" if name != "fp32" else mode
+            target = path.with_name(f"{path.stem}.{mode}{suffix}")
             print(f"quantizing {name} to {target}", file=sys.stderr)
-            quantize_onnx(path, target, options.quantize, calibration)
-            variant = Variant(quantized_name, str(target), zeros=zero_share(source))
-            variants[quantized_name] = (variant, runner(target))
+            quantize_onnx(path, target, mode, calibration)
+            variants[quantized_name] = (Variant(quantized_name, str(target), zeros=zero_share(source)), runner(target))
     return variants
 
 
@@ -295,7 +296,7 @@ def main(args: list[str] | None = None) -> dict:
     images = next(split_batches(cli, options.split, 1))["image"]
     example = images[:2] if len(images) > 1 else images.repeat(2, 1, 1, 1)  # batch 2: the batch axis stays free
     calibration = []
-    if options.quantize == "static-int8":
+    if "static-int8" in options.quantize:
         other = "val" if options.split == "test" else "test"  # calibrate on data the table does not report
         calibration = [b["image"].numpy() for b in split_batches(cli, other, options.calibration_batches)]
     variants = build_variants(options, cli.model, example, calibration)

@@ -23,7 +23,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display needed, on servers too
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from project.cli import ConfigOnlyCLI, ProjectCLI, print_train_help  # noqa: E402
 from project.errors import UserError, run_main  # noqa: E402
@@ -94,15 +93,15 @@ def plot(rows: list[dict[str, Any]], metric: str, path: Path) -> None:
     """The metric against training samples and against fit wall time, each point labelled by fraction."""
     figure, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     panels = ((axes[0], "train_samples", "training samples"), (axes[1], "fit_seconds", "training wall time (s)"))
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
     for axis, x_key, label in panels:
         xs, ys = [row[x_key] for row in rows], [row.get(metric, float("nan")) for row in rows]
         axis.plot(xs, ys, marker="o")
         for row, x, y in zip(rows, xs, ys, strict=True):
             axis.annotate(f"{row['fraction']:g}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=8)
         axis.set_xscale("log")
-        axis.xaxis.set_major_formatter(plain)
-        axis.xaxis.set_minor_formatter(plain)
+        # ticks at the runs: a log axis spanning less than a decade would label none of them
+        axis.set_xticks(xs, [f"{x:,.0f}" if x >= 10 else f"{x:.1f}" for x in xs])
+        axis.minorticks_off()
         axis.set_xlabel(label)
         axis.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel(metric)
