@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 import torch
 import yaml
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -211,6 +212,27 @@ def write_best(study: optuna.Study, path: Path) -> Path | None:
     return path
 
 
+def open_study(storage: str, name: str, search: dict, sampler: optuna.samplers.BaseSampler,
+               pruner: optuna.pruners.BasePruner) -> optuna.Study:  # fmt: skip
+    """Create the study, or load it to resume: then its metric and direction must be the search space's."""
+    try:
+        study = optuna.create_study(storage=storage, sampler=sampler, pruner=pruner, study_name=name,
+                                    direction=search["direction"], load_if_exists=True)  # fmt: skip
+    except (ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError) as error:
+        reason = str(error).splitlines()[0]  # a missing driver, a bad url, an unreachable database
+        raise UserError(f"--storage {storage}: {reason}") from None
+    metric = study.user_attrs.get("metric")
+    if metric is None:
+        study.set_user_attr("metric", search["metric"])
+    # Optuna loads an existing study with its own direction, whatever this call asked for
+    if (metric or search["metric"], study.direction.name.lower()) != (search["metric"], search["direction"]):
+        raise UserError(
+            f"study {name} was started to {study.direction.name.lower()} {metric}, but the search space says "
+            f"{search['direction']} {search['metric']}: pick another --study-name"
+        )
+    return study
+
+
 def main(args: list[str] | None = None) -> optuna.Study:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
     search = load_search(options.search)
@@ -225,11 +247,7 @@ def main(args: list[str] | None = None) -> optuna.Study:
     folder.mkdir(parents=True, exist_ok=True)
     storage = options.storage or f"sqlite:///{folder / 'study.db'}"
     sampler, pruner = optuna.samplers.TPESampler(), make_pruner(search.get("pruner"))
-    try:
-        study = optuna.create_study(storage=storage, sampler=sampler, pruner=pruner, study_name=name,
-                                    direction=search["direction"], load_if_exists=True)  # fmt: skip
-    except ValueError as error:  # e.g. an existing study with the other direction
-        raise UserError(f"study {name} in {storage}: {error}") from None
+    study = open_study(storage, name, search, sampler, pruner)
     print(f"study {name} in {storage}", file=sys.stderr)
     started = time.perf_counter()
     try:

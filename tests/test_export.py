@@ -19,7 +19,11 @@ from project.export import main
 
 from .conftest import REPO, run_module
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:LightningCLI's args parameter"),  # export runs in-process here
+    pytest.mark.filterwarnings("ignore:`torch.jit"),  # TorchScript is deprecated, and asked for
+]
 # static int8 may cost at most this much accuracy (measured on the full demo model: none, see the README)
 INT8_ACCURACY_DROP = 0.03
 

@@ -10,7 +10,7 @@ import yaml
 from optuna.trial import TrialState
 
 from project.errors import UserError
-from project.tune import as_flags, load_search, main, suggest
+from project.tune import as_flags, load_search, main, open_study, suggest
 
 from .conftest import REPO, run_module
 
@@ -54,6 +54,19 @@ def test_a_malformed_search_space_is_one_user_error(tmp_path, text, message):
         load_search(path)
 
 
+def test_a_stored_study_resumes_only_with_its_own_metric_and_direction(tmp_path):
+    storage, sampler, pruner = f"sqlite:///{tmp_path / 'study.db'}", optuna.samplers.TPESampler(), None
+    first = open_study(storage, "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner)
+    first.add_trial(optuna.trial.create_trial(value=0.5))
+    again = open_study(storage, "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner)
+    assert len(again.trials) == 1
+    with pytest.raises(UserError, match="started to maximize val/acc, but the search space says minimize val/loss"):
+        open_study(storage, "s", {"metric": "val/loss", "direction": "minimize"}, sampler, pruner)
+    with pytest.raises(UserError, match="--storage nonsense://x"):
+        open_study("nonsense://x", "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner)
+
+
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 def test_a_search_key_that_is_no_config_key_stops_before_any_trial(tiny_demo, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     search = tmp_path / "search.yaml"
