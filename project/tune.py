@@ -67,7 +67,12 @@ def load_search(path: Path) -> dict[str, Any]:
     """The search space file: metric, direction, pruner and params (checked here, before any trial)."""
     if not path.is_file():
         raise UserError(f"search space not found: {path}")
-    search = yaml.safe_load(path.read_text()) or {}
+    try:
+        search = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(search, dict):
+        raise UserError(f"{path}: expected a mapping with params (and metric, direction, pruner)")
     search.setdefault("metric", "val/acc")
     search.setdefault("direction", "maximize")
     if search["direction"] not in ("maximize", "minimize"):

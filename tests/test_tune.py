@@ -45,6 +45,7 @@ def test_the_default_search_space_draws_values_of_the_right_kinds():
         ("params: {model.lr: {type: categorical}}", "needs type float or int"),
         ("direction: up\nparams: {model.lr: {type: float, low: 1, high: 2}}", "maximize or minimize"),
         ("metric: val/acc", "expected a 'params' mapping"),
+        ("params: [model.lr", "is not valid YAML"),
     ],
 )
 def test_a_malformed_search_space_is_one_user_error(tmp_path, text, message):
