@@ -16,7 +16,8 @@ configs/default.yaml:
       of the largest worker, an upper bound of their simultaneous total;
   (e) training samples/s of the template (the Lightning Trainer, ImageClassifier and ShardDataModule as
       `project.train` builds them) against a minimal hand-written PyTorch loop (forward, loss, backward,
-      AdamW step) on the same model and the same batches, timed from the end of the first step.
+      AdamW step) on the same model and the same batches, timed from the end of the first step; both
+      with the intra-op threads the workers leave (cores - N, at least 1).
 
 Each figure is the median of R repeats, run interleaved so that a busy machine slows all of them alike.
 With --json the last line is one JSON object: every run's figure, the medians and the ratios.
@@ -28,6 +29,7 @@ import argparse
 import copy
 import json
 import multiprocessing
+import os
 import resource
 import statistics
 import tempfile
@@ -301,14 +303,23 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     small_mb, large_mb = peak_rss_mb([small, large], workers, settings)
     runs["rss_small_mb"], runs["rss_large_mb"] = [small_mb], [large_mb]
     runs["template"], runs["hand_loop"] = [], []
-    for repeat in range(args.repeats):
-        logs = scratch / f"logs{repeat}"
-        template, hand_loop = template_rate(args.data, index, workers, args.steps, logs, size)
-        runs["template"].append(template)
-        runs["hand_loop"].append(hand_loop())
+    threads = torch.get_num_threads()
+    # the cores the workers leave: OpenMP threads that share a core with a worker spin-wait at every
+    # barrier, and steps then swing between 1x and 7x their time (measured on 2 cores with 2 workers)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - workers))
+    try:
+        for repeat in range(args.repeats):
+            logs = scratch / f"logs{repeat}"
+            template, hand_loop = template_rate(args.data, index, workers, args.steps, logs, size)
+            runs["template"].append(template)
+            runs["hand_loop"].append(hand_loop())
+        training_threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
     return {
         "data": str(args.data),
         "workers": workers,
+        "training_threads": training_threads,
         "repeats": args.repeats,
         "samples": len(samples),
         "rss_samples": [resolve_shards(str(small)).nsamples, resolve_shards(str(large)).nsamples],
@@ -356,7 +367,8 @@ def table(result: dict) -> str:
     lines.append(
         f"\n{result['samples']:,} samples of {result['data']}, batch {settings['batch_size']}, "
         f"image size {settings['image_size']}, augment {settings['augment']}; "
-        f"medians of {result['repeats']} repeats; training over {result['steps']} steps."
+        f"medians of {result['repeats']} repeats; training over {result['steps']} steps "
+        f"with {result['training_threads']} intra-op thread(s)."
     )
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ def test_ratios_are_quotients_of_the_medians_of_the_repeats():
             "hand_loop": [100, 100, 101]}  # fmt: skip
     settings = {"batch_size": 8, "image_size": 8, "augment": "none"}
     result = summarize({"runs": runs, "workers": 2, "samples": 10, "rss_samples": [5, 40], "repeats": 3,
-                        "steps": 4, "data": "d", "settings": settings})  # fmt: skip
+                        "steps": 4, "data": "d", "settings": settings, "training_threads": 1})  # fmt: skip
     assert result["ratios"] == pytest.approx({"loader_vs_decode": 0.9, "loader_vs_imagefolder": 180 / 160,
                                               "workers_2_vs_1": 1.9, "rss_large_vs_small": 1.025,
                                               "template_vs_hand_loop": 0.98})  # fmt: skip
