@@ -313,9 +313,10 @@ def test_the_readme_passes_only_options_its_modules_have(results):
 
 
 def is_placeholder(path: str) -> bool:
-    """A file the reader brings: a capitalized placeholder (FILE, PATH) or a name like my.yaml or your.yaml."""
+    """A file the reader brings or a run writes: a capitalized placeholder (FILE, PATH), a name like my.yaml
+    or your.yaml, or a file under logs/ (such as project.tune's logs/<study>/best.yaml)."""
     name = Path(path).name
-    return name.isupper() or name.lower().startswith(("my", "your"))
+    return name.isupper() or name.lower().startswith(("my", "your")) or path.startswith("logs/")
 
 
 def test_the_readme_names_only_configs_scripts_and_files_that_exist():
