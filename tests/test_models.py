@@ -57,6 +57,8 @@ def test_unknown_backbone_and_weight_names_are_user_errors():
         ImageClassifier(backbone="resnet19")
     with pytest.raises(UserError, match="'IMAGENET9K'.*IMAGENET1K_V1"):
         ImageClassifier(backbone="resnet18", weights="IMAGENET9K")
+    with pytest.raises(UserError, match="small_cnn has no published weights"):
+        ImageClassifier(weights="DEFAULT")
 
 
 def test_offline_download_is_a_clear_error(monkeypatch):

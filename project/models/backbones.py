@@ -73,6 +73,8 @@ def build_backbone(
             position embeddings are sized for it).
     """
     if name == "small_cnn":
+        if weights and not _is_path(weights):
+            raise UserError(f"--model.weights {weights!r}: small_cnn has no published weights; pass a weights file")
         features, dim = small_cnn(width)
         head = nn.Linear(dim, num_classes)
     elif name in torchvision.models.list_models(module=torchvision.models):
