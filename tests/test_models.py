@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import urllib.error
 from pathlib import Path
@@ -251,6 +252,11 @@ def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_r
     assert session.session_start_info.hparams["model.backbone"].string_value == "mobilenet_v3_large"
     grid = events.Images("train/first_batch")[0]
     assert grid.width > 16 * 8  # an 8-wide grid of the batch
+
+    weights.unlink()  # the checkpoint holds every weight: evaluating needs neither the file nor a download
+    evaluated = run_module("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert 0.0 <= json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] <= 1.0
 
 
 def test_channels_last_gives_the_same_logits_in_nhwc_layout():
