@@ -9,9 +9,11 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
+from PIL import Image
 
 from project.data.datamodule import EpochLoader
-from project.data.decode import DecodeError, decode_label, decode_sample
+from project.data.decode import DecodeError, decode_image, decode_jpeg_pixels, decode_label, decode_sample, jpeg_size
 from project.data.pipeline import ShardStream
 from project.data.shards import resolve_shards
 from project.data.transforms import build_transform
@@ -87,3 +89,36 @@ def test_jpeg_decodes_at_reduced_scale_when_much_larger_than_needed():
     assert decode_image(big).size == (256, 256)
     assert decode_image(big, size=32).size == (32, 32)  # draft mode: 1/8 scale
     assert decode_image(big, size=100).size == (128, 128)  # never below the requested size
+
+
+def _jpeg_bytes(mode: str, width: int, height: int, **options) -> bytes:
+    generator = np.random.default_rng(width * height)
+    array = generator.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(array).convert(mode).save(buffer, format="JPEG", **options)
+    return buffer.getvalue()
+
+
+JPEG_KINDS = [("RGB", {}), ("RGB", {"progressive": True}), ("L", {}), ("CMYK", {}), ("RGB", {"exif": b"Exif\0\0"})]
+
+
+@pytest.mark.parametrize(("mode", "options"), JPEG_KINDS)
+def test_small_jpegs_decode_through_libjpeg_turbo_to_the_same_pixels_as_pil(mode, options):
+    data = _jpeg_bytes(mode, 50, 40, **options)
+    assert jpeg_size(data) == (50, 40)
+    fast = decode_jpeg_pixels(data, 32)
+    assert fast is not None and fast.dtype == torch.uint8 and fast.shape == (3, 40, 50)
+    reference = torch.from_numpy(np.array(decode_image(data, 32))).permute(2, 0, 1)
+    assert torch.equal(fast, reference)
+
+
+def test_large_jpegs_keep_pils_draft_mode_and_broken_ones_are_reported_by_pil():
+    large = _jpeg_bytes("RGB", 160, 120)
+    assert decode_jpeg_pixels(large, 32) is None  # 120 >= 2 x 32: PIL decodes it at 1/2 scale
+    image, _ = decode_sample({"__key__": "k", "jpg": large, "cls": b"1"}, size=32)
+    assert image.size == (80, 60)
+    truncated = _jpeg_bytes("RGB", 50, 40)[:300]
+    assert decode_jpeg_pixels(truncated, 32) is None
+    with pytest.raises(DecodeError, match="cannot decode sample 'k'"):
+        decode_sample({"__key__": "k", "jpg": truncated, "cls": b"1"}, size=32)
+    assert jpeg_size(b"\x89PNG\r\n\x1a\n" + bytes(20)) is None

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from PIL import Image, UnidentifiedImageError
+from torchvision.io import ImageReadMode
+from torchvision.io import decode_jpeg as torchvision_decode_jpeg
 
 from project.errors import ShardError
 
@@ -20,6 +24,8 @@ LABEL_EXTENSIONS = ("cls", "txt", "json")
 ARRAY_EXTENSIONS = ("npy",)
 WANTED_EXTENSIONS = frozenset(IMAGE_EXTENSIONS + LABEL_EXTENSIONS + ARRAY_EXTENSIONS)
 JSON_LABEL_FIELDS = ("label", "cls", "class")
+# torchvision 0.29 points its decoders to TorchCodec; decode_jpeg still works and is what we want here
+warnings.filterwarnings("ignore", message=".*image decoding and encoding capabilities of TorchVision.*")
 
 
 class DecodeError(ShardError):
@@ -41,6 +47,46 @@ def decode_image(data: bytes, size: int | None = None) -> Image.Image:
         array = np.asarray(image, dtype=np.float32)
         image = Image.fromarray(np.clip(array / 257.0, 0, 255).astype(np.uint8), mode="L")
     return image.convert("RGB")
+
+
+# start-of-frame markers (baseline, extended, progressive, lossless...): they hold the image's size
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header, walking the segments before it; None if not found."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, end = 2, len(data) - 9
+    while i < end:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _SOF_MARKERS:
+            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
+def decode_jpeg_pixels(data: bytes, size: int | None = None) -> torch.Tensor | None:
+    """A JPEG as a uint8 CHW RGB tensor through libjpeg-turbo (torchvision), when PIL's draft mode would
+    not decode it at a smaller scale; None otherwise, or when libjpeg-turbo cannot read it (PIL then
+    decodes it, and reports what is wrong).
+
+    For small images this is 3.5x faster than PIL (29 against 102 us for a 32 px demo JPEG, measured
+    here), whose JPEG header parsing is Python; for images twice the training size or more, PIL's draft
+    mode (decoding at 1/2, 1/4 or 1/8 scale) does less work.
+    """
+    dimensions = jpeg_size(data)
+    if dimensions is None or (size is not None and min(dimensions) >= 2 * size):
+        return None
+    try:
+        return torchvision_decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except RuntimeError:
+        return None
 
 
 def decode_array(data: bytes) -> np.ndarray:
@@ -70,11 +116,18 @@ def decode_label(sample: dict, classes: Sequence[str] | None = None) -> int:
 
 def decode_sample(
     sample: dict, size: int | None = None, classes: Sequence[str] | None = None
-) -> tuple[Image.Image | np.ndarray, int]:
-    """(image, label) for one grouped tar sample; raises `DecodeError` naming the shard and key."""
+) -> tuple[Image.Image | np.ndarray | torch.Tensor, int]:
+    """(image, label) for one grouped tar sample; raises `DecodeError` naming the shard and key.
+
+    The image is a PIL image, an HWC/HW array (.npy), or a CHW uint8 tensor (JPEGs that need no draft).
+    """
     try:
         label = decode_label(sample, classes)
         extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+        if extension in ("jpg", "jpeg"):
+            fast = decode_jpeg_pixels(sample[extension], size)
+            if fast is not None:
+                return fast, label
         if extension is not None:
             return decode_image(sample[extension], size), label
         if "npy" in sample:

@@ -283,8 +283,10 @@ class ShardStream(IterableDataset):
                 yield Missing(shard.url, position, reason)
 
 
-def pixels(image: Image.Image | np.ndarray) -> torch.Tensor:
+def pixels(image: Image.Image | np.ndarray | torch.Tensor) -> torch.Tensor:
     """A decoded image as a uint8 CHW tensor (a view of an HWC array: the batch copy makes it contiguous)."""
+    if isinstance(image, torch.Tensor):
+        return image  # already CHW uint8 (decode_jpeg_pixels)
     if isinstance(image, Image.Image) and image.mode == "RGB":
         return torch.from_numpy(np.array(image)).permute(2, 0, 1)  # 3x less than pil_to_tensor for small images
     return to_uint8_tensor(image)
