@@ -35,6 +35,11 @@ def ignore_sigterm(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def as_is(batch: dict) -> dict:
+    """The stream's batches as they are (a module-level function, so that spawned workers can pickle it)."""
+    return batch
+
+
 @atexit.register  # registered after multiprocessing's own exit handler, so it runs before it
 def _kill_leftover_workers() -> None:
     """At exit, multiprocessing stops daemonic children with SIGTERM and waits for them; workers ignore
@@ -56,6 +61,8 @@ class EpochLoader(DataLoader):
 
     def __init__(self, dataset: ShardStream, datamodule: ShardDataModule | None = None, **kwargs: Any) -> None:
         dataset.num_workers = max(1, kwargs.get("num_workers", 0))  # the plan splits over these workers
+        # batches leave the stream complete: DataLoader's default_convert would only walk every key
+        kwargs.setdefault("collate_fn", as_is)
         super().__init__(dataset, batch_size=None, worker_init_fn=ignore_sigterm, **kwargs)
         self.datamodule = datamodule
 
