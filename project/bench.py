@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import resource
 import statistics
 import tempfile
@@ -40,6 +39,7 @@ import torch
 import yaml
 
 from project.bench_training import template_rate
+from project.cli import share_cores_with_workers
 from project.data.decode import IMAGE_EXTENSIONS, decode_sample
 from project.data.pipeline import pixels, read_samples
 from project.data.shards import INDEX_NAME, Shard, resolve_shards, write_index
@@ -224,9 +224,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     runs["rss_small_mb"], runs["rss_large_mb"] = [small_mb], [large_mb]
     runs["template"], runs["hand_loop"] = [], []
     threads = torch.get_num_threads()
-    # the cores the workers leave: OpenMP threads that share a core with a worker spin-wait at every
-    # barrier, and steps then swing between 1x and 7x their time (measured on 2 cores with 2 workers)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - workers))
+    share_cores_with_workers(workers)  # as project.train does on a CPU; the hand loop runs with the same
     try:
         for repeat in range(args.repeats):
             logs = scratch / f"logs{repeat}"

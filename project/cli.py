@@ -123,6 +123,12 @@ def print_train_help(usage: str) -> None:
     ProjectCLI(args=["--help"])  # prints and exits
 
 
+# what evaluate and export put before the user's arguments: no logger (evaluating must not add a version
+# folder beside the run), and no pretrained weights (the checkpoint holds every weight, so they need
+# neither a download nor the original file)
+FROM_CHECKPOINT = ["--trainer.logger", "false", "--model.weights", "null"]
+
+
 def share_cores_with_workers(num_workers: int, processes: int = 1) -> None:
     """Training on the CPU: leave the DataLoader workers their cores. torch's intra-op threads default to
     every core, and a thread that shares a core with a busy worker makes a step wait for it (steps

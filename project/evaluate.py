@@ -17,7 +17,7 @@ from typing import Literal
 
 from lightning.pytorch.cli import LightningArgumentParser
 
-from project.cli import ProjectCLI
+from project.cli import FROM_CHECKPOINT, ProjectCLI
 from project.errors import UserError, run_main
 
 
@@ -48,9 +48,7 @@ def main(args: list[str] | None = None) -> dict[str, float]:
         if not Path(known.ckpt_path).is_file():
             raise UserError(f"checkpoint not found: {known.ckpt_path}")
         extra = run_config(Path(known.ckpt_path))
-    # no logger: evaluating must not add a version folder beside the run it evaluates; no pretrained
-    # weights: the checkpoint holds every weight, so they need neither a download nor the original file
-    cli = EvaluateCLI(args=["--trainer.logger", "false", "--model.weights", "null", *args], extra_config_files=extra)
+    cli = EvaluateCLI(args=[*FROM_CHECKPOINT, *args], extra_config_files=extra)
     run = cli.trainer.validate if cli.config.split == "val" else cli.trainer.test
     results = run(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
     metrics = {key: float(value) for result in results for key, value in result.items()}

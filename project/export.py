@@ -45,7 +45,7 @@ from rich.table import Table
 from torch import nn
 from torch.nn.utils import prune
 
-from project.cli import ProjectCLI, print_train_help
+from project.cli import FROM_CHECKPOINT, ProjectCLI, print_train_help
 from project.errors import UserError, run_main
 from project.evaluate import run_config
 
@@ -102,11 +102,7 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     """The run's model (with the checkpoint's weights, in eval mode, on the CPU) and data."""
-    # the checkpoint holds every weight: no pretrained download, nor the original weights file
-    no_pretrained = ["--model.weights", "null"]
-    cli = ProjectCLI(
-        args=["--trainer.logger", "false", *no_pretrained, *overrides], extra_config_files=run_config(ckpt_path)
-    )
+    cli = ProjectCLI(args=[*FROM_CHECKPOINT, *overrides], extra_config_files=run_config(ckpt_path))
     try:
         state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
     except (OSError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as error:
