@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,18 +78,50 @@ def run_module(module: str, *args: str, cwd: Path | None = None, timeout: int = 
     """Run `python -m module args` as a user would, capturing its output.
 
     The command gets its own process group, so that on a timeout every process it started (DDP ranks,
-    DataLoader workers) is killed and the output so far is shown.
+    DataLoader workers) is stopped and the output so far is shown, with a Python stack of every thread of
+    every one of those processes (see `dump_stacks`): where a hang hangs.
     """
     # PYTHONPATH: subprocesses can load test-only callbacks from tests/helpers.py
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, "-m", module, *args]
     process = subprocess.Popen(command, cwd=cwd or REPO, env=env, text=True, start_new_session=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        output = f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+        dump_stacks(process.pid)
+        try:
+            stdout, stderr = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+        output = f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-20000:]}"
         pytest.fail(f"{module} timed out after {timeout} s\n{output}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def dump_stacks(group: int) -> None:
+    """Make every process of a process group print the Python stacks of all its threads to its stderr
+    (faulthandler, enabled by PYTHONFAULTHANDLER, on SIGABRT), one process at a time, each under a line
+    naming it, so that the stacks do not interleave. Linux reads the group from /proc; elsewhere, all at once.
+    """
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp
+        except OSError:
+            continue
+        if int(fields[2]) == group:
+            members.append((int(stat.parent.name), int(fields[1])))
+    if not members:
+        os.killpg(group, signal.SIGABRT)
+        return
+    for pid, parent in sorted(members):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:150]
+            with open(f"/proc/{pid}/fd/2", "w") as stderr:  # the same pipe the process writes to
+                stderr.write(f"\n=== stacks of pid {pid} (parent {parent}): {command}\n")
+            os.kill(pid, signal.SIGABRT)
+        except OSError:
+            continue
+        time.sleep(0.5)
