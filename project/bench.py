@@ -43,6 +43,7 @@ from project.cli import share_cores_with_workers
 from project.data.decode import IMAGE_EXTENSIONS, decode_sample
 from project.data.pipeline import pixels, read_samples
 from project.data.shards import INDEX_NAME, Shard, resolve_shards, write_index
+from project.data.workers import warm_forkserver, worker_context
 from project.errors import UserError, run_main
 
 # the template run trains without validation, and LightningCLI sees this command's own arguments in sys.argv
@@ -98,7 +99,7 @@ def cpu_seconds() -> float:
 def decode_rate(samples: list[dict], processes: int, size: int) -> tuple[float, float]:
     """(samples/s, CPU microseconds per sample) of bare decoding by `processes` forked processes, each
     with an equal share."""
-    context = multiprocessing.get_context("fork")  # as DataLoader workers start on Linux
+    context = multiprocessing.get_context("fork")  # the cheapest start: this bounds the loader from above
     start, cpu = time.perf_counter(), cpu_seconds()
     workers = [context.Process(target=_decode_all, args=(samples[i::processes], size)) for i in range(processes)]
     for worker in workers:
@@ -163,7 +164,8 @@ def imagefolder_rate(folder: Path, workers: int, settings: dict) -> float:
 
 
 def _peak_rss_child(index: str, workers: int, settings: dict, results: multiprocessing.Queue) -> None:
-    for _ in make_datamodule(Path(index), workers, settings).train_dataloader():
+    # fork: the workers must be this process's children to count in RUSAGE_CHILDREN; it has no threads
+    for _ in make_datamodule(Path(index), workers, {**settings, "worker_start": "fork"}).train_dataloader():
         pass
     kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports kB
     if workers:  # the workers have exited: their peaks are in RUSAGE_CHILDREN (the largest one's)
@@ -174,11 +176,11 @@ def _peak_rss_child(index: str, workers: int, settings: dict, results: multiproc
 def peak_rss_mb(indexes: list[Path], workers: int, settings: dict) -> list[float]:
     """Peak RSS in MB of one epoch of the loader over each index, each in a fresh process.
 
-    The processes fork from a server that has imported the data module and nothing else, so they start
-    alike and inherit none of this process's memory (spawning each would import torch each time).
+    The processes fork from the DataLoader workers' forkserver, which has imported the data pipeline and
+    nothing else, so they start alike and inherit none of this process's memory (spawning each would
+    import torch each time).
     """
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["project.bench"])
+    context = worker_context("forkserver")
     results = context.Queue()
     peaks = []
     for index in indexes:
@@ -207,6 +209,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     workers, size = args.workers, settings["image_size"]
     names = ("decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2", "imagefolder")
     runs: dict[str, list[float]] = {name: [] for name in names}
+    warm_forkserver()  # its one-time start (importing the pipeline) is not part of any epoch
     for _ in range(args.repeats):
         for name, (rate, cpu) in (
             ("decode", decode_rate(samples, max(1, workers), size)),

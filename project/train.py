@@ -11,13 +11,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-from project.cli import ProjectCLI, print_run_folder
 from project.errors import run_main
 
 
 def main(args: list[str] | None = None) -> None:
+    # imported here: every DataLoader worker runs this module again (project/data/workers.py, `preload`)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from project.cli import ProjectCLI, print_run_folder
+
     cli = ProjectCLI(args=args)
     trainer, model, datamodule = cli.trainer, cli.model, cli.datamodule
     try:

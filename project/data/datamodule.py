@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
-import multiprocessing
 import os
-import signal
 from dataclasses import replace
 from functools import cached_property
 from typing import Any, Literal
@@ -21,33 +18,10 @@ from project.data.pipeline import ShardStream
 from project.data.plan import fraction_counts
 from project.data.shards import Shard, ShardIndex, resolve_shards
 from project.data.transforms import Preset, build_transform
+from project.data.workers import StartMethod, as_is, ignore_sigterm, start_forkserver, worker_context
 from project.errors import UserError
 
 DataSpec = str | list[str]
-
-
-def ignore_sigterm(worker_id: int) -> None:
-    """DataLoader workers leave SIGTERM to the main process, which saves a checkpoint and then stops them.
-
-    A preemption often signals every process of the job; a worker killed by it would make the main
-    process fail on its next batch instead of checkpointing.
-    """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def as_is(batch: dict) -> dict:
-    """The stream's batches as they are (a module-level function, so that spawned workers can pickle it)."""
-    return batch
-
-
-@atexit.register  # registered after multiprocessing's own exit handler, so it runs before it
-def _kill_leftover_workers() -> None:
-    """At exit, multiprocessing stops daemonic children with SIGTERM and waits for them; workers ignore
-    SIGTERM, and an iterator kept alive by an exception's traceback never told its workers to stop."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would report the kill as a worker failure
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
 
 
 class EpochLoader(DataLoader):
@@ -63,6 +37,8 @@ class EpochLoader(DataLoader):
         dataset.num_workers = max(1, kwargs.get("num_workers", 0))  # the plan splits over these workers
         # batches leave the stream complete: DataLoader's default_convert would only walk every key
         kwargs.setdefault("collate_fn", as_is)
+        if kwargs.get("num_workers", 0) > 0 and kwargs.get("multiprocessing_context") is None:
+            kwargs["multiprocessing_context"] = worker_context("forkserver")  # not a fork of this process
         super().__init__(dataset, batch_size=None, worker_init_fn=ignore_sigterm, **kwargs)
         self.datamodule = datamodule
 
@@ -128,6 +104,9 @@ class ShardDataModule(L.LightningDataModule):
         decode_on: where JPEGs are decoded: cpu (in the DataLoader workers) or device (on the training
             device after the batch reaches it, with torchvision's decode_jpeg: nvJPEG on CUDA); see
             project/data/device_decode.py for when it helps.
+        worker_start: how DataLoader workers start: forkserver (a fork of a clean helper process: safe
+            beside the trainer's threads), spawn (a fresh interpreter each: slow), or fork (of the trainer:
+            can deadlock, see project/data/workers.py). Datasets must pickle for the first two.
     """
 
     def __init__(
@@ -150,6 +129,7 @@ class ShardDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         cache_gb: float = 50.0,
         decode_on: Literal["cpu", "device"] = "cpu",
+        worker_start: StartMethod = "forkserver",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -174,6 +154,9 @@ class ShardDataModule(L.LightningDataModule):
         self.max_skipped_fraction = max_skipped_fraction
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
         self.decode_on = decode_on
+        self.worker_start = worker_start
+        if num_workers > 0 and worker_start == "forkserver":
+            start_forkserver()  # it imports the pipeline while the trainer sets up; the first workers need it
         self.device_decoder = DeviceDecoder(augment, image_size) if decode_on == "device" else None
         self._ledgers: dict[tuple, SkipLedger] = {}  # the current pass's
         self._resume_position: dict | None = None
@@ -255,6 +238,7 @@ class ShardDataModule(L.LightningDataModule):
             num_workers=workers,
             pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            multiprocessing_context=worker_context(self.worker_start) if workers > 0 else None,
             # a fresh worker copy each epoch picks up the new epoch; persistent workers would keep the old
             persistent_workers=False,
         )

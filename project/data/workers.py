@@ -1,0 +1,114 @@
+"""DataLoader worker processes: how they start, which signals they leave to the trainer, how they stop.
+
+Workers start from a forkserver, not by forking the training process. A fork copies a process that has
+threads (gloo's, TensorBoard's writer, the queue feeders and progress-bar monitors that come and go at
+every stage boundary, exactly when the next loader forks), and a child forked while one of them held an
+interpreter lock deadlocks before it runs a line (CPython gh-112275, fixed in 3.12; seen here on 3.11 as a
+DDP test stage hanging on a worker that never started). Python 3.12 warns about forking a process with
+threads, and 3.14 made forkserver the default start method on Linux. The forkserver is a fresh, single-threaded
+interpreter that imports the data pipeline once; each worker is a fork of it (milliseconds), given the
+dataset by pickle.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
+from typing import Literal
+
+StartMethod = Literal["forkserver", "spawn", "fork"]
+# imported once by the forkserver, so that each worker starts with the pipeline already loaded
+PRELOAD = ["project.data.workers", "project.data.pipeline", "project.data.transforms"]
+
+
+def preload() -> list[str]:
+    """`PRELOAD` and the module run with `python -m`. A worker started by forkserver (or spawn) first runs
+    the main module again, as multiprocessing does so that what it defines unpickles; imported once in the
+    server, it costs the worker nothing, where `python -m project.train` would otherwise import Lightning
+    again in every worker of every epoch (0.8 s to the first batch instead of 0.08 s on 2 cores). A script
+    run by path is not preloaded (its import could fail in the server): keep its heavy imports in main().
+    """
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    return [*PRELOAD, *([name] if name and not name.endswith("__main__") else [])]
+
+
+def ignore_sigterm(worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM to the main process, which saves a checkpoint and then stops them.
+
+    A preemption often signals every process of the job; a worker killed by it would make the main
+    process fail on its next batch instead of checkpointing.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def default_sigterm() -> None:
+    """For other processes started from the forkserver (a Pool's): SIGTERM stops them, as Pool.terminate
+    expects, instead of being ignored like the server that forked them."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def as_is(batch: dict) -> dict:
+    """The stream's batches as they are (a module-level function, so that workers can unpickle it)."""
+    return batch
+
+
+def worker_context(method: StartMethod) -> BaseContext:
+    """The multiprocessing context DataLoader workers start with; for forkserver, its server is started now
+    (see `start_forkserver`). Where forkserver does not exist (Windows), spawn."""
+    if method == "forkserver" and method not in multiprocessing.get_all_start_methods():
+        method = "spawn"
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        start_forkserver()
+    return context
+
+
+def warm_forkserver() -> None:
+    """Start the forkserver and wait until it has imported `preload()`: for benchmarks that time workers."""
+    process = worker_context("forkserver").Process(target=os.getpid)
+    process.start()
+    process.join()
+
+
+def start_forkserver() -> None:
+    """Start this process's forkserver, if it is not running, ignoring SIGTERM like the workers it forks.
+
+    A preemption signals every process of the job: a forkserver killed by it would take its workers with
+    it (each stops when its parent goes) before the trainer has saved its checkpoint. The server still
+    stops when this process exits. While it starts, SIGTERM is blocked here, so a signal arriving then
+    reaches the trainer's handler afterwards instead of being lost. Returns at once: the server imports
+    `preload()` in the background, and the first worker waits for that.
+
+    The server is this process's only one: anything else started with the forkserver context also
+    starts ignoring SIGTERM (a Pool's processes should call `default_sigterm` first, as `parallel` does).
+    """
+    if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
+        forkserver.ensure_running()
+        return
+    multiprocessing.get_context("forkserver").set_forkserver_preload(preload())  # read only at the start
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # exec keeps only ignored signals
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@atexit.register  # registered after multiprocessing's own exit handler, so it runs before it
+def _kill_leftover_workers() -> None:
+    """At exit, multiprocessing stops daemonic children with SIGTERM and waits for them; workers ignore
+    SIGTERM, and an iterator kept alive by an exception's traceback never told its workers to stop."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would report the kill as a worker failure
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()

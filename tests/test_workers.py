@@ -1,0 +1,94 @@
+"""DataLoader workers start from a forkserver that ignores SIGTERM, not as forks of the training process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from project.data.datamodule import ShardDataModule
+from project.data.demo import make_demo
+from project.data.workers import start_forkserver, worker_context
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def status(pid: int, field: str) -> int:
+    """A hexadecimal signal-set field of /proc/PID/status (SigIgn, SigBlk) as an int."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1], 16)
+    raise KeyError(field)
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def sigterm_bit() -> int:
+    return 1 << (signal.SIGTERM - 1)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("workers")
+    make_demo(root, train=64, val=16, test=16, image_size=16, samples_per_shard=32, workers=1, quiet=True)
+    return root
+
+
+@linux
+def test_the_forkserver_ignores_sigterm_and_this_process_keeps_its_handler(demo):
+    def handler(signum, frame):  # noqa: ANN001, ANN202
+        pass
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        start_forkserver()
+        assert signal.getsignal(signal.SIGTERM) is handler
+        assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGTERM}
+        loader = ShardDataModule(root=str(demo), batch_size=8, num_workers=2, image_size=16).train_dataloader()
+        iterator = iter(loader)
+        next(iterator)
+        workers = [worker.pid for worker in iterator._workers]
+        servers = {parent(pid) for pid in workers}
+        assert len(servers) == 1 and os.getpid() not in servers, "workers must not be forks of this process"
+        (server,) = servers
+        assert parent(server) == os.getpid()
+        assert status(server, "SigIgn") & sigterm_bit(), "a preemption's SIGTERM would stop the forkserver"
+        assert all(status(pid, "SigIgn") & sigterm_bit() for pid in workers)
+        del iterator
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_every_start_method_yields_the_same_batches(demo):
+    keys = {}
+    for method in ("forkserver", "spawn", "fork"):
+        module = ShardDataModule(root=str(demo), batch_size=8, num_workers=2, image_size=16, worker_start=method)
+        keys[method] = [key for batch in module.val_dataloader() for key in batch["key"]]
+    assert keys["forkserver"] == keys["spawn"] == keys["fork"]
+    assert len(keys["forkserver"]) == 16
+
+
+def test_forkserver_falls_back_to_spawn_where_it_does_not_exist(monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    assert worker_context("forkserver").get_start_method() == "spawn"
+
+
+def test_the_module_run_with_python_m_is_preloaded_so_workers_do_not_import_it_again(monkeypatch):
+    import importlib.machinery
+    import types
+
+    from project.data.workers import PRELOAD, preload
+
+    main = types.ModuleType("__main__")
+    main.__spec__ = importlib.machinery.ModuleSpec("project.train", None)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert preload() == [*PRELOAD, "project.train"]
+    main.__spec__ = None  # a script run by path, or python -c
+    assert preload() == PRELOAD
