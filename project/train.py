@@ -11,10 +11,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from project.data.workers import start_forkserver_for
 from project.errors import run_main
 
 
 def main(args: list[str] | None = None) -> None:
+    start_forkserver_for(sys.argv[1:] if args is None else args)  # before the imports below, beside them
     # imported here: every DataLoader worker runs this module again (project/data/workers.py, `preload`)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 

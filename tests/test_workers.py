@@ -92,3 +92,23 @@ def test_the_module_run_with_python_m_is_preloaded_so_workers_do_not_import_it_a
     assert preload() == [*PRELOAD, "project.train"]
     main.__spec__ = None  # a script run by path, or python -c
     assert preload() == PRELOAD
+
+
+@pytest.mark.parametrize(
+    ("args", "unlikely"),
+    [
+        ([], False),
+        (["--config", "configs/trainer/ddp_cpu.yaml", "--data.num_workers=4"], False),
+        (["--data.num_workers", "0"], True),
+        (["--data.num_workers=0", "--trainer.max_epochs=1"], True),
+        (["--data.worker_start=spawn"], True),
+        (["--data.worker_start", "forkserver"], False),
+        (["--help"], True),
+        (["--print_config"], True),
+        (["--print_config=skip_null"], True),
+    ],
+)
+def test_an_entry_point_starts_the_forkserver_early_unless_its_command_line_rules_workers_out(args, unlikely):
+    from project.data.workers import workers_unlikely
+
+    assert workers_unlikely(args) is unlikely
