@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, Trainer
@@ -115,6 +115,14 @@ class ConfigOnlyCLI(ProjectCLI):
 
     def instantiate_classes(self) -> None:
         pass
+
+
+class EvaluateCLI(ProjectCLI):
+    """ProjectCLI plus `--split`, for project.evaluate."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument("--split", type=Literal["val", "test"], default="test", help="The split to evaluate.")
 
 
 def print_train_help(usage: str) -> None:

@@ -13,18 +13,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Literal
 
-from lightning.pytorch.cli import LightningArgumentParser
-
-from project.cli import FROM_CHECKPOINT, ProjectCLI
+from project.data.workers import start_forkserver_for
 from project.errors import UserError, run_main
-
-
-class EvaluateCLI(ProjectCLI):
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_argument("--split", type=Literal["val", "test"], default="test", help="The split to evaluate.")
 
 
 def run_config(ckpt_path: Path) -> list[str]:
@@ -48,6 +39,10 @@ def main(args: list[str] | None = None) -> dict[str, float]:
         if not Path(known.ckpt_path).is_file():
             raise UserError(f"checkpoint not found: {known.ckpt_path}")
         extra = run_config(Path(known.ckpt_path))
+        start_forkserver_for(args)  # before the imports below, beside them
+    # imported here: every DataLoader worker runs this module again (project/data/workers.py, `preload`)
+    from project.cli import FROM_CHECKPOINT, EvaluateCLI
+
     cli = EvaluateCLI(args=[*FROM_CHECKPOINT, *args], extra_config_files=extra)
     run = cli.trainer.validate if cli.config.split == "val" else cli.trainer.test
     results = run(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
