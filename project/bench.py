@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import resource
 import statistics
 import tempfile
@@ -122,13 +123,38 @@ def make_datamodule(index: Path, workers: int, settings: dict):  # noqa: ANN201
 
 def loader_rate(index: Path, workers: int, settings: dict) -> tuple[float, float]:
     """(samples/s, CPU microseconds per sample in the main process and the workers) of one training
-    epoch of the project's loader, from iter() to its last batch."""
+    epoch of the project's loader, from iter() to its last batch.
+
+    The workers start from the forkserver, so they are not this process's children and RUSAGE_CHILDREN
+    never sees them: their CPU time is read from /proc as the last batch arrives, when they are done.
+    """
     loader = make_datamodule(index, workers, settings).train_dataloader()
-    start, cpu, count = time.perf_counter(), cpu_seconds(), 0
-    for batch in loader:
+    batches = len(loader.dataset)
+    start, own, count, worker_cpu = time.perf_counter(), own_cpu_seconds(), 0, 0.0
+    iterator = iter(loader)
+    for number, batch in enumerate(iterator, 1):
         count += len(batch["label"])
+        if number == batches:
+            worker_cpu = workers_cpu_seconds(iterator)
     rate = count / (time.perf_counter() - start)
-    return rate, (cpu_seconds() - cpu) / count * 1e6  # the exhausted loader has joined its workers
+    return rate, (own_cpu_seconds() - own + worker_cpu) / count * 1e6
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def workers_cpu_seconds(iterator: object) -> float:
+    """CPU seconds so far of a DataLoader iterator's worker processes (Linux /proc; 0 elsewhere)."""
+    total = 0.0
+    for worker in getattr(iterator, "_workers", []):
+        try:
+            fields = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
 
 
 def write_image_folder(samples: list[dict], folder: Path) -> Path:
