@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,34 @@ def test_an_entry_point_starts_the_forkserver_early_unless_its_command_line_rule
     from project.data.workers import workers_unlikely
 
     assert workers_unlikely(args) is unlikely
+
+
+KILLED_TRAINER = """
+import sys, time
+from project.data.datamodule import ShardDataModule
+loader = ShardDataModule(root=sys.argv[1], batch_size=4, num_workers=2, image_size=16).train_dataloader()
+iterator = iter(loader)
+next(iterator)
+print(*[worker.pid for worker in iterator._workers], flush=True)
+time.sleep(300)
+"""
+
+
+@linux
+def test_workers_and_their_server_stop_when_the_training_process_is_killed(demo):
+    """SIGKILL gives the training process no chance to stop its workers; they must notice on their own,
+    although their parent is the forkserver, which stays up while they do."""
+    from project.data.workers import process_alive
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    trainer = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, str(demo)], stdout=subprocess.PIPE,
+                               text=True, env=env)  # fmt: skip
+    workers = [int(pid) for pid in trainer.stdout.readline().split()]
+    assert len(workers) == 2
+    server = parent(workers[0])
+    trainer.kill()
+    trainer.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in (*workers, server)):
+        time.sleep(0.2)
+    assert not any(process_alive(pid) for pid in (*workers, server)), "orphaned workers or server"

@@ -18,7 +18,7 @@ from project.data.pipeline import ShardStream
 from project.data.plan import fraction_counts
 from project.data.shards import Shard, ShardIndex, resolve_shards
 from project.data.transforms import Preset, build_transform
-from project.data.workers import StartMethod, as_is, ignore_sigterm, start_forkserver, worker_context
+from project.data.workers import StartMethod, WorkerInit, as_is, start_forkserver, worker_context
 from project.errors import UserError
 
 DataSpec = str | list[str]
@@ -39,7 +39,7 @@ class EpochLoader(DataLoader):
         kwargs.setdefault("collate_fn", as_is)
         if kwargs.get("num_workers", 0) > 0 and kwargs.get("multiprocessing_context") is None:
             kwargs["multiprocessing_context"] = worker_context("forkserver")  # not a fork of this process
-        super().__init__(dataset, batch_size=None, worker_init_fn=ignore_sigterm, **kwargs)
+        super().__init__(dataset, batch_size=None, worker_init_fn=WorkerInit(), **kwargs)
         self.datamodule = datamodule
 
     def __iter__(self):  # noqa: ANN204

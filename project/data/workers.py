@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 from typing import Literal
@@ -46,6 +47,46 @@ def ignore_sigterm(worker_id: int) -> None:
     process fail on its next batch instead of checkpointing.
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class WorkerInit:
+    """DataLoader's worker_init_fn: ignore SIGTERM (`ignore_sigterm`), and stop when the training process
+    that made the loader is gone.
+
+    torch's workers stop when their parent goes; a forkserver's workers have the server as parent, which
+    stays up as long as they do, so a training process killed with SIGKILL (the OOM killer, a scheduler
+    after its grace period) would leave its workers and the server running for good.
+    """
+
+    def __init__(self, interval: float = 2.0) -> None:
+        self.trainer_pid, self.interval = os.getpid(), interval
+
+    def __call__(self, worker_id: int) -> None:
+        ignore_sigterm(worker_id)
+        if os.getppid() != self.trainer_pid:  # forked by a server, not by the training process
+            threading.Thread(target=self._watch, name="trainer-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while process_alive(self.trainer_pid):
+            time.sleep(self.interval)
+        os._exit(0)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process exists and has not exited (a zombie, exited but not yet reaped, has)."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except FileNotFoundError:
+            return False
+    try:  # no /proc (macOS): whether it exists, zombie or not
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def default_sigterm() -> None:
