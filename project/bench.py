@@ -44,7 +44,7 @@ from project.cli import share_cores_with_workers
 from project.data.decode import IMAGE_EXTENSIONS, decode_sample
 from project.data.pipeline import pixels, read_samples
 from project.data.shards import INDEX_NAME, Shard, resolve_shards, write_index
-from project.data.workers import warm_forkserver, worker_context
+from project.data.workers import proc_stat, warm_forkserver, worker_context
 from project.errors import UserError, run_main
 
 # the template run trains without validation, and LightningCLI sees this command's own arguments in sys.argv
@@ -93,8 +93,13 @@ def _decode_all(samples: list[dict], size: int) -> None:
 
 def cpu_seconds() -> float:
     """CPU time of this process and of its children that have exited (workers, once joined)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own_cpu_seconds() + children.ru_utime + children.ru_stime
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def decode_rate(samples: list[dict], processes: int, size: int) -> tuple[float, float]:
@@ -140,17 +145,12 @@ def loader_rate(index: Path, workers: int, settings: dict) -> tuple[float, float
     return rate, (own_cpu_seconds() - own + worker_cpu) / count * 1e6
 
 
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def workers_cpu_seconds(iterator: object) -> float:
     """CPU seconds so far of a DataLoader iterator's worker processes (Linux /proc; 0 elsewhere)."""
     total = 0.0
     for worker in getattr(iterator, "_workers", []):
         try:
-            fields = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = proc_stat(worker.pid)
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime

@@ -18,6 +18,7 @@ from webdataset import TarWriter
 
 from project.data.demo import make_demo
 from project.data.shards import INDEX_NAME, Shard, write_index
+from project.data.workers import proc_stat
 
 REPO = Path(__file__).resolve().parent.parent
 CLASSES = ["zero", "one", "two"]
@@ -106,13 +107,13 @@ def dump_stacks(group: int) -> None:
     naming it, so that the stacks do not interleave. Linux reads the group from /proc; elsewhere, all at once.
     """
     members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for folder in Path("/proc").glob("[0-9]*"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp
+            fields = proc_stat(int(folder.name))  # state, ppid, pgrp, ...
         except OSError:
             continue
         if int(fields[2]) == group:
-            members.append((int(stat.parent.name), int(fields[1])))
+            members.append((int(folder.name), int(fields[1])))
     if not members:
         os.killpg(group, signal.SIGABRT)
         return

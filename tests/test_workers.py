@@ -13,7 +13,7 @@ import pytest
 
 from project.data.datamodule import ShardDataModule
 from project.data.demo import make_demo
-from project.data.workers import start_forkserver, worker_context
+from project.data.workers import proc_stat, start_forkserver, worker_context
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -27,7 +27,7 @@ def status(pid: int, field: str) -> int:
 
 
 def parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return int(proc_stat(pid)[1])
 
 
 def sigterm_bit() -> int:

@@ -33,12 +33,19 @@ class EpochLoader(DataLoader):
     the model asks for `estimated_stepping_batches`).
     """
 
-    def __init__(self, dataset: ShardStream, datamodule: ShardDataModule | None = None, **kwargs: Any) -> None:
-        dataset.num_workers = max(1, kwargs.get("num_workers", 0))  # the plan splits over these workers
+    def __init__(
+        self,
+        dataset: ShardStream,
+        datamodule: ShardDataModule | None = None,
+        worker_start: StartMethod = "forkserver",
+        **kwargs: Any,
+    ) -> None:
+        workers = kwargs.get("num_workers", 0)
+        dataset.num_workers = max(1, workers)  # the plan splits over these workers
         # batches leave the stream complete: DataLoader's default_convert would only walk every key
         kwargs.setdefault("collate_fn", as_is)
-        if kwargs.get("num_workers", 0) > 0 and kwargs.get("multiprocessing_context") is None:
-            kwargs["multiprocessing_context"] = worker_context("forkserver")  # not a fork of this process
+        if workers > 0:
+            kwargs["multiprocessing_context"] = worker_context(worker_start)  # see project/data/workers.py
         super().__init__(dataset, batch_size=None, worker_init_fn=WorkerInit(), **kwargs)
         self.datamodule = datamodule
 
@@ -235,10 +242,10 @@ class ShardDataModule(L.LightningDataModule):
         self._loaders[split] = EpochLoader(
             self._stream(split),
             self,
+            worker_start=self.worker_start,
             num_workers=workers,
             pin_memory=self.pin_memory,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
-            multiprocessing_context=worker_context(self.worker_start) if workers > 0 else None,
             # a fresh worker copy each epoch picks up the new epoch; persistent workers would keep the old
             persistent_workers=False,
         )

@@ -72,12 +72,18 @@ class WorkerInit:
         os._exit(0)
 
 
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after "pid (comm)": state, ppid, pgrp, ... utime at 11, stime at 12.
+    Raises OSError where there is no such process, or no /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
 def process_alive(pid: int) -> bool:
     """Whether a process exists and has not exited (a zombie, exited but not yet reaped, has)."""
     if os.path.isdir("/proc/self"):
         try:
-            with open(f"/proc/{pid}/stat") as stat:
-                return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            return proc_stat(pid)[0] not in ("Z", "X")
         except FileNotFoundError:
             return False
     try:  # no /proc (macOS): whether it exists, zombie or not
@@ -103,12 +109,9 @@ def as_is(batch: dict) -> dict:
 def worker_context(method: StartMethod) -> BaseContext:
     """The multiprocessing context DataLoader workers start with; for forkserver, its server is started now
     (see `start_forkserver`). Where forkserver does not exist (Windows), spawn."""
-    if method == "forkserver" and method not in multiprocessing.get_all_start_methods():
+    if method == "forkserver" and not start_forkserver():
         method = "spawn"
-    context = multiprocessing.get_context(method)
-    if method == "forkserver":
-        start_forkserver()
-    return context
+    return multiprocessing.get_context(method)
 
 
 def warm_forkserver() -> None:
@@ -121,7 +124,7 @@ def warm_forkserver() -> None:
 def start_forkserver_for(args: list[str]) -> None:
     """Start the forkserver first thing in an entry point, so that its imports run beside the trainer's own
     (some 3 s each here) instead of delaying the first batch by 2-3 s; unless `workers_unlikely(args)`."""
-    if not workers_unlikely(args) and "forkserver" in multiprocessing.get_all_start_methods():
+    if not workers_unlikely(args):
         start_forkserver()
 
 
@@ -141,8 +144,9 @@ def workers_unlikely(args: list[str]) -> bool:
     )
 
 
-def start_forkserver() -> None:
-    """Start this process's forkserver, if it is not running, ignoring SIGTERM like the workers it forks.
+def start_forkserver() -> bool:
+    """Start this process's forkserver, if it is not running, ignoring SIGTERM like the workers it forks;
+    False where there is no forkserver (Windows).
 
     A preemption signals every process of the job: a forkserver killed by it would take its workers with
     it (each stops when its parent goes) before the trainer has saved its checkpoint. The server still
@@ -153,9 +157,11 @@ def start_forkserver() -> None:
     The server is this process's only one: anything else started with the forkserver context also
     starts ignoring SIGTERM (a Pool's processes should call `default_sigterm` first, as `parallel` does).
     """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
         forkserver.ensure_running()
-        return
+        return True
     multiprocessing.get_context("forkserver").set_forkserver_preload(preload())  # read only at the start
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
@@ -166,6 +172,7 @@ def start_forkserver() -> None:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return True
 
 
 @atexit.register  # registered after multiprocessing's own exit handler, so it runs before it
