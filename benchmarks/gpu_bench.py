@@ -5,7 +5,7 @@ training on synthetic batches already on the GPU (the upper bound). Run it throu
 
 It writes demo shards of 256 px JPEGs into a temporary folder (a few thousand, listed several times so an
 epoch is long enough), then trains torchvision's resnet50 (weights=None) in bf16 autocast with
-channels_last, with a plain PyTorch loop, three ways: fed by the project's ShardDataModule (decode in the
+channels_last, with a plain PyTorch loop, three ways: fed by the project's ImageShards (decode in the
 workers, and data.decode_on=device), and on synthetic uint8 batches made on the GPU. Each is timed over
 --steps steps after --warmup steps. The --device, --model, --precision and size flags let a CPU check
 the script itself in seconds (tests/test_bench.py; CPUs without bf16 units emulate it very slowly); the
@@ -25,19 +25,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import torchvision
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from project.bench import subset_index
-from project.data.datamodule import ShardDataModule
-from project.data.demo import make_demo
+from project.bench.loader import subset_index
 from project.data.shards import resolve_shards
-from project.models.classifier import IMAGENET_MEAN, IMAGENET_STD
+from project.tasks.image.data import ImageShards
+from project.tasks.image.demo import make_demo
+from project.tasks.image.model import IMAGENET_MEAN, IMAGENET_STD
 
 
 def make_shards(folder: Path, samples: int, stored_size: int, copies: int) -> Path:
     """A training split of `samples` demo images of `stored_size` px, listed `copies` times."""
     make_demo(folder / "demo", train=samples, val=1, test=1, image_size=stored_size, samples_per_shard=500, quiet=True)
     train = resolve_shards(str(folder / "demo" / "train"))
-    return subset_index(train.shards, samples, train.classes, folder / "train", copies=copies)
+    return subset_index(train.shards, samples, train.extra, folder / "train", copies=copies)
 
 
 class Normalize(torch.nn.Module):
@@ -84,19 +85,16 @@ def train_rate(
     return count / elapsed, waited / elapsed
 
 
-def pipeline_batches(data: ShardDataModule, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def pipeline_batches(data: ImageShards, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The data module's training batches on the device (pinned memory, non-blocking copies), epoch after epoch."""
     epoch = 0
     while True:
         loader = data.train_dataloader()
         loader.dataset.set_epoch(epoch)
         for batch in loader:
-            batch = {
-                key: value.to(device, non_blocking=True) if torch.is_tensor(value) else value
-                for key, value in batch.items()
-            }
+            batch = move_data_to_device(batch, device)
             batch = data.on_after_batch_transfer(batch, 0)  # decodes on the device with decode_on=device
-            yield batch["image"], batch["label"]
+            yield batch.image, batch.label
         epoch += 1
 
 
@@ -133,7 +131,7 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as scratch:
         index = make_shards(Path(scratch), args.samples, args.image_size * 8 // 7, copies)
         for decode_on in ("cpu", "device"):
-            data = ShardDataModule(root=None, train=str(index), batch_size=args.batch_size, num_workers=args.workers,
+            data = ImageShards(root=None, train=str(index), batch_size=args.batch_size, num_workers=args.workers,
                                    image_size=args.image_size, augment="light", pin_memory=device.type == "cuda",
                                    prefetch_factor=4, decode_on=decode_on)  # fmt: skip
             model = build_model(args.model, device)

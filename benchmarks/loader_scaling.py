@@ -18,17 +18,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from project.bench import (
-    data_settings,
-    decode_rate,
-    imagefolder_rate,
-    loader_rate,
-    subset_index,
-    write_image_folder,
-)
-from project.data.demo import make_demo
-from project.data.pipeline import read_samples
+from project.bench.loader import decode_rate, imagefolder_rate, loader_rate, subset_index, write_image_folder
+from project.bench.run import data_settings
+from project.data.samples import read_samples
 from project.data.shards import resolve_shards
+from project.tasks.image.demo import make_demo
 
 # (stored, trained): at the stored size the loader's work beyond bare decoding is its fixed cost per sample;
 # the last row adds a resize, which bare decoding does not do
@@ -40,7 +34,7 @@ def measure(stored: int, trained: int, args: argparse.Namespace, scratch: Path) 
     if stored != 32 and not (root / "train").is_dir():
         make_demo(root, train=args.samples, val=1, test=1, image_size=stored, samples_per_shard=500, quiet=True)
     train = resolve_shards(str(root / "train"))
-    index = subset_index(train.shards, args.samples, train.classes, scratch / f"train{stored}-{trained}")
+    index = subset_index(train.shards, args.samples, train.extra, scratch / f"train{stored}-{trained}")
     samples = [sample for shard in resolve_shards(str(index)).shards for sample in read_samples(shard.url)]
     folder = write_image_folder(samples, scratch / f"imagefolder{stored}-{trained}")
     settings = {**data_settings(), "image_size": trained}

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from project.data.prepare import prepare
+from project.shards.prepare import prepare
 
 
 def make_images(root: Path, count: int) -> None:

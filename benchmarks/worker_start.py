@@ -31,13 +31,13 @@ SERVER_START = "import time; t = time.perf_counter(); from project.data.workers 
 
 def one_epoch(index: Path, workers: int, method: str, settings: dict) -> tuple[float, float]:
     """(seconds to the first batch, samples/s of the epoch) of one pass of the train loader."""
-    from project.bench import make_datamodule
+    from project.bench.loader import make_datamodule
 
     loader = make_datamodule(index, workers, {**settings, "worker_start": method}).train_dataloader()
     start, first, count = time.perf_counter(), None, 0
     for batch in loader:
         first = first if first is not None else time.perf_counter() - start
-        count += len(batch["label"])
+        count += len(batch)
     return first, count / (time.perf_counter() - start)
 
 
@@ -50,7 +50,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     # imported here, not at the top: workers that forkserver or spawn start run this script again
-    from project.bench import data_settings, subset_index
+    from project.bench.loader import subset_index
+    from project.bench.run import data_settings
     from project.data.shards import resolve_shards
     from project.data.workers import warm_forkserver
 
@@ -64,7 +65,7 @@ def main() -> None:
     train = resolve_shards(str(Path(args.data) / "train"))
     runs: dict[str, dict[str, list[float]]] = {m: {"first_batch_s": [], "samples_per_s": []} for m in METHODS}
     with tempfile.TemporaryDirectory() as scratch:
-        index = subset_index(train.shards, args.samples, train.classes, Path(scratch) / "train")
+        index = subset_index(train.shards, args.samples, train.extra, Path(scratch) / "train")
         for _ in range(args.repeats):
             for method in METHODS:
                 first, rate = one_epoch(index, args.workers, method, settings)

@@ -1,57 +1,78 @@
-"""What train and evaluate share: the LightningCLI with our default config, argument links and
-the demo-data bootstrap."""
+"""What every entry point shares: the LightningCLI with our default config, the links from the data module to
+the model, and the help that shows both classes' options."""
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
+import lightning as L
 import torch
+from jsonargparse import ArgumentParser
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.callbacks.preemption import PreemptionCheckpoint
 from project.callbacks.report import TensorBoardReport
+from project.callbacks.skipped import SkippedSamples
 from project.data.datamodule import ShardDataModule
-from project.data.demo import demo_is_complete, make_demo
 from project.errors import UserError
-from project.models.classifier import ImageClassifier
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
-DEMO_ROOT = Path("data/demo")
+# what a data module knows that its model needs: (data attribute, model argument), linked when both exist
+LINKS = (("num_classes", "num_classes"), ("classes", "class_names"), ("image_size", "image_size"))
 
 # Lightning's hints for datasets that do not plan their own split per rank and worker; ours do.
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
 warnings.filterwarnings("ignore", message=".*`isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+# tune, scaling, export and bench hand LightningCLI their own argument lists, on purpose
+warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
 
 
 class ProjectCLI(LightningCLI):
-    """LightningCLI over ImageClassifier and ShardDataModule, with configs/default.yaml loaded first.
+    """LightningCLI with configs/default.yaml loaded first; `--model` and `--data` pick any LightningModule
+    and any ShardDataModule by class name or path (the default config picks the image task's).
 
     Args:
         args: command-line arguments (default: sys.argv[1:]).
         extra_config_files: config files applied after default.yaml and before `--config` files.
+        from_checkpoint: the model's weights will come from a checkpoint (evaluate, export): no logger
+            (no version folder beside the run), and no pretrained weights to download or find.
         **kwargs: passed on to LightningCLI.
     """
 
-    def __init__(self, args: list[str] | None = None, extra_config_files: list[str] = (), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        args: list[str] | None = None,
+        extra_config_files: list[str] = (),
+        from_checkpoint: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if not DEFAULT_CONFIG.exists():
             raise FileNotFoundError(f"default config missing: {DEFAULT_CONFIG}")
+        import project.tasks.image  # noqa: F401 - the built-in task's classes, known to --model and --data by name
+
+        given = list(sys.argv[1:] if args is None else args)
+        self.from_checkpoint = from_checkpoint
+        if from_checkpoint:
+            args = given = ["--trainer.logger", "false", *given]
         parser_kwargs = {"default_config_files": [str(DEFAULT_CONFIG), *extra_config_files]}
         parser_kwargs.update(kwargs.pop("parser_kwargs", {}))
+        self.help_requested = "-h" in given or "--help" in given
         super().__init__(
-            ImageClassifier,
+            L.LightningModule,
             ShardDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
             run=False,
-            args=args,
+            args=[arg for arg in given if arg not in ("-h", "--help")] if self.help_requested else args,
             parser_kwargs=parser_kwargs,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # the model's configure_optimizers reads its own arguments
@@ -66,30 +87,37 @@ class ProjectCLI(LightningCLI):
             help="Checkpoint to resume from (fit) or to evaluate.",
         )
         # num_classes and class names come from the shard index: typed once, never twice
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.classes", "model.class_names", apply_on="instantiate")
-        parser.link_arguments("data.image_size", "model.image_size")
+        for attribute, argument in LINKS:
+            parser.link_arguments(f"data.{attribute}", f"model.init_args.{argument}", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        if self.help_requested:
+            print_help(self.parser, self.config)
+            raise SystemExit(0)
+        if self.from_checkpoint:
+            without_pretrained_weights(self.config)
+        if self.config.get("ckpt_path") == "last":
+            self._resume_latest_run()
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        callbacks = [*callbacks, PreemptionCheckpoint(), TensorBoardReport()]
+        callbacks = [*callbacks, PreemptionCheckpoint(), TensorBoardReport(), SkippedSamples()]
         # a rich progress bar with totals, unless the user turned the bar off (a configured
         # RichProgressBar would make enable_progress_bar=false an error)
         if config.get("enable_progress_bar") is not False:
             callbacks.append(RichProgressBar())
+        if config.get("enable_checkpointing") is False:
+            # the config's checkpoint callbacks would make Lightning refuse the flag; the flag is the wish
+            configured = config.get("callbacks") or []
+            config["callbacks"] = [c for c in configured if not isinstance(c, ModelCheckpoint)]
+            if len(config["callbacks"]) < len(configured):
+                print("checkpointing off: no best.ckpt or last.ckpt is saved (the config's ModelCheckpoint "
+                      "callbacks are left out)", file=sys.stderr)  # fmt: skip
         return super()._instantiate_trainer(config, callbacks)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         if isinstance(self.trainer.accelerator, CPUAccelerator):
             share_cores_with_workers(self.datamodule.num_workers, self.trainer.num_devices)
-
-    def before_instantiate_classes(self) -> None:
-        data = self.config.data
-        uses_demo = data.root and not (data.train or data.val or data.test)
-        if uses_demo and Path(data.root).resolve() == DEMO_ROOT.resolve():
-            ensure_demo(DEMO_ROOT)
-        if self.config.get("ckpt_path") == "last":
-            self._resume_latest_run()
 
     def _resume_latest_run(self) -> None:
         """`--ckpt_path last`: the newest version_N of this experiment that has a last.ckpt, logging into
@@ -111,7 +139,7 @@ class ProjectCLI(LightningCLI):
 
 class ConfigOnlyCLI(ProjectCLI):
     """The resolved configuration of some arguments, without building the model, data or trainer: what
-    tune and scaling read before their runs (the demo data is still built if the config needs it)."""
+    tune and scaling read before their runs."""
 
     def instantiate_classes(self) -> None:
         pass
@@ -125,16 +153,48 @@ class EvaluateCLI(ProjectCLI):
         parser.add_argument("--split", type=Literal["val", "test"], default="test", help="The split to evaluate.")
 
 
+def print_help(parser: ArgumentParser, config: Any) -> None:
+    """The CLI's help, then every option of the model and data classes this configuration picks, with
+    their docstrings: `--model.lr`, `--data.batch_size` (LightningCLI alone lists only `--model.help`)."""
+    print(parser.format_help())
+    for section in ("model", "data"):
+        chosen = config.get(section)
+        class_path = getattr(chosen, "class_path", None)
+        if class_path is None:
+            continue
+        linked = {argument for _, argument in LINKS} if section == "model" else set()
+        classes = ArgumentParser(prog=parser.prog, usage=argparse_suppress())
+        classes.add_class_arguments(import_class(class_path), nested_key=section, fail_untyped=False, skip=linked)
+        given = (chosen.init_args or {}).items() if getattr(chosen, "init_args", None) else ()
+        defaults = {f"{section}.{key}": value for key, value in given if key not in linked}
+        classes.set_defaults(defaults)  # the configuration's values, not the class's own defaults
+        print(f"\n{section} ({class_path}; pick another with --{section} CLASS):")
+        print(classes.format_help().split("\n", 2)[-1])
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def import_class(class_path: str) -> type:
+    module, _, name = class_path.rpartition(".")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
 def print_train_help(usage: str) -> None:
     """An entry point's own --help (`usage`), then the train options it passes on to its runs."""
     print(f"{usage}\nEvery other argument is a train option, as `python -m project.train` takes it:\n")
     ProjectCLI(args=["--help"])  # prints and exits
 
 
-# what evaluate and export put before the user's arguments: no logger (evaluating must not add a version
-# folder beside the run), and no pretrained weights (the checkpoint holds every weight, so they need
-# neither a download nor the original file)
-FROM_CHECKPOINT = ["--trainer.logger", "false", "--model.weights", "null"]
+def without_pretrained_weights(config: Any) -> None:
+    """From a checkpoint, a model needs no pretrained weights: the checkpoint holds every weight, so
+    neither a download nor the original file is needed (for models with a `weights` argument)."""
+    init_args = getattr(config.get("model"), "init_args", None)
+    if init_args is not None and "weights" in init_args:
+        init_args.weights = None
 
 
 def share_cores_with_workers(num_workers: int, processes: int = 1) -> None:
@@ -145,19 +205,6 @@ def share_cores_with_workers(num_workers: int, processes: int = 1) -> None:
         return
     threads = max(1, (os.cpu_count() or 1) // max(1, processes) - num_workers)
     torch.set_num_threads(min(threads, torch.get_num_threads()))
-
-
-def ensure_demo(root: Path) -> None:
-    """Build the demo data if it is missing; in a multi-process launch, local rank zero builds it."""
-    if demo_is_complete(root):
-        return
-    local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))  # torchrun, or srun
-    if local_rank != "0":
-        while not demo_is_complete(root):
-            time.sleep(1)
-        return
-    print(f"demo data not found in {root}: building it now (once, about 15 s)", file=sys.stderr)
-    make_demo(root)
 
 
 def print_run_folder(trainer: Any) -> None:

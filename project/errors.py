@@ -18,6 +18,10 @@ class ShardError(UserError):
     """A shard that cannot be found, opened or read, or that disagrees with its shard index."""
 
 
+class DecodeError(ShardError):
+    """A sample that a task cannot decode (a bad image, a missing label): the stream skips and counts it."""
+
+
 def one_line(error: BaseException) -> str:
     """The user-facing line of an error, also when a DataLoader worker re-raised it.
 
@@ -33,10 +37,25 @@ def one_line(error: BaseException) -> str:
     return last[len(prefix) :] if last.startswith(prefix) else last
 
 
+def user_error_in(error: BaseException) -> UserError | None:
+    """The `UserError` behind `error`, if any: the error itself, or one it was raised from. The config
+    parser re-raises what a class's __init__ raised inside its own error ("Does not validate ...")."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def run_main(main: Callable[[], object]) -> None:
     """Run an entry point, turning a `UserError` into one line on stderr and exit code 2."""
     try:
         main()
-    except UserError as error:
-        print(f"error: {one_line(error)}", file=sys.stderr)
+    except Exception as error:
+        found = user_error_in(error)
+        if found is None:
+            raise
+        print(f"error: {one_line(found)}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from project.data.workers import start_forkserver_for
 from project.errors import UserError, run_main
+from project.tasks import WORKER_MODULES
 
 
 def run_config(ckpt_path: Path) -> list[str]:
@@ -39,11 +40,11 @@ def main(args: list[str] | None = None) -> dict[str, float]:
         if not Path(known.ckpt_path).is_file():
             raise UserError(f"checkpoint not found: {known.ckpt_path}")
         extra = run_config(Path(known.ckpt_path))
-        start_forkserver_for(args)  # before the imports below, beside them
-    # imported here: every DataLoader worker runs this module again (project/data/workers.py, `preload`)
-    from project.cli import FROM_CHECKPOINT, EvaluateCLI
+        start_forkserver_for(args, WORKER_MODULES)  # before the imports below, beside them
+    # imported here: the workers' server runs this module too (project/data/workers.py, `preload`)
+    from project.cli import EvaluateCLI
 
-    cli = EvaluateCLI(args=[*FROM_CHECKPOINT, *args], extra_config_files=extra)
+    cli = EvaluateCLI(args=args, extra_config_files=extra, from_checkpoint=True)
     run = cli.trainer.validate if cli.config.split == "val" else cli.trainer.test
     results = run(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
     metrics = {key: float(value) for result in results for key, value in result.items()}

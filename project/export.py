@@ -23,36 +23,36 @@ dynamic-int8 quantizes weights and computes activation ranges at run time (no ca
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import pickle
-import statistics
 import sys
-import time
-import warnings
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 from torch import nn
-from torch.nn.utils import prune
 
-from project.cli import FROM_CHECKPOINT, ProjectCLI, print_train_help
+from project.cli import ProjectCLI, print_train_help
 from project.errors import UserError, run_main
 from project.evaluate import run_config
-
-warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
-warnings.filterwarnings("ignore", message=r".*`torch.jit.\w+` is deprecated.*")  # TorchScript is asked for
-PRUNABLE = (nn.Linear, nn.modules.conv._ConvNd)
-Runner = Callable[[torch.Tensor], np.ndarray]
+from project.export_formats import (
+    Runner,
+    export_onnx,
+    export_torchscript,
+    file_sizes,
+    median_latency_ms,
+    onnx_runner,
+    pruned_copy,
+    quantize_onnx,
+    torchscript_runner,
+    zero_share,
+)
 
 
 @dataclass
@@ -102,7 +102,7 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     """The run's model (with the checkpoint's weights, in eval mode, on the CPU) and data."""
-    cli = ProjectCLI(args=[*FROM_CHECKPOINT, *overrides], extra_config_files=run_config(ckpt_path))
+    cli = ProjectCLI(args=overrides, extra_config_files=run_config(ckpt_path), from_checkpoint=True)
     try:
         state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
     except (OSError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as error:
@@ -115,111 +115,13 @@ def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     return cli
 
 
-def pruned_copy(model: nn.Module, amount: float) -> nn.Module:
-    """A copy with the `amount` share of smallest-magnitude convolution and linear weights set to zero."""
-    pruned = copy.deepcopy(model)
-    weights = [(module, "weight") for module in pruned.modules() if isinstance(module, PRUNABLE)]
-    prune.global_unstructured(weights, pruning_method=prune.L1Unstructured, amount=amount)
-    for module, name in weights:
-        prune.remove(module, name)  # bake the mask into plain weights: the exporters see ordinary tensors
-    return pruned
-
-
-def zero_share(model: nn.Module) -> float:
-    weights = [module.weight for module in model.modules() if isinstance(module, PRUNABLE)]
-    total = sum(weight.numel() for weight in weights)
-    return sum(int((weight == 0).sum()) for weight in weights) / max(total, 1)
-
-
-def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    # weights go inside the file unless protobuf's 2 GB limit forces an external data file
-    large = sum(p.numel() * p.element_size() for p in model.parameters()) > 1.5e9
-    batch = torch.export.Dim("batch")
-    with torch.no_grad():
-        torch.onnx.export(model, (example,), str(path), input_names=["images"], output_names=["logits"],
-                          dynamic_shapes=({0: batch},), external_data=large, verbose=False)  # fmt: skip
-
-
-def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    # traced, not scripted: the forward branches on dtype and shape, which tracing fixes for uint8 NCHW;
-    # Lightning's to_torchscript lets the tracer walk the module without a trainer attached
-    with torch.no_grad():
-        if isinstance(model, L.LightningModule):
-            model.to_torchscript(str(path), method="trace", example_inputs=example)
-        else:
-            torch.jit.save(torch.jit.trace(model, example), str(path))
-
-
-def onnx_runner(path: Path) -> Runner:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()  # the same threads as torch, for a fair latency
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda images: session.run(None, {name: images.numpy()})[0]
-
-
-def torchscript_runner(path: Path) -> Runner:
-    module = torch.jit.load(str(path), map_location="cpu").eval()
-
-    def run(images: torch.Tensor) -> np.ndarray:
-        with torch.no_grad():
-            return module(images).numpy()
-
-    return run
-
-
-def quantize_onnx(source: Path, target: Path, mode: str, calibration: list[np.ndarray]) -> None:
-    """int8 with onnxruntime.quantization, after its recommended pre-processing (shape inference,
-    graph optimization that folds batch norms into convolutions)."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_dynamic,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Batches(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter(calibration)
-
-        def get_next(self) -> dict | None:
-            batch = next(self.batches, None)
-            return None if batch is None else {"images": batch}
-
-    prepared = target.with_name(f"{target.stem}.prepared.onnx")
-    quant_pre_process(str(source), str(prepared))
-    if mode == "dynamic-int8":
-        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8)
-    else:
-        quantize_static(str(prepared), str(target), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
-    prepared.unlink()
-
-
-def file_sizes(path: Path) -> tuple[float, float]:
-    """(MB, gzip-compressed MB) of a model file and its external data file, if any."""
-    files = [p for p in (path, path.with_name(path.name + ".data")) if p.exists()]
-    data = b"".join(p.read_bytes() for p in files)
-    return len(data) / 1e6, len(zlib.compress(data, 6)) / 1e6
-
-
-def median_latency_ms(run: Runner, image: torch.Tensor, repeats: int) -> float:
-    for _ in range(5):
-        run(image)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run(image)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
-
-
 def loader(cli: ProjectCLI, split: str) -> torch.utils.data.DataLoader:
     return cli.datamodule.test_dataloader() if split == "test" else cli.datamodule.val_dataloader()
+
+
+def inputs(cli: ProjectCLI, batch: object) -> torch.Tensor:
+    """What the model's forward takes from a batch (an exported model takes the same)."""
+    return cli.model.inputs_and_targets(batch)[0]
 
 
 def split_batches(cli: ProjectCLI, split: str, count: int) -> Iterator[dict]:
@@ -257,7 +159,8 @@ def measure(cli: ProjectCLI, options: argparse.Namespace, variants: dict[str, tu
     model, correct, samples = cli.model, 0, 0
     total = min(options.batches, len(loader(cli, options.split)))
     for batch in track(split_batches(cli, options.split, options.batches), "checking", total=total):
-        images, labels = batch["image"], batch["label"].numpy()
+        images, labels = model.inputs_and_targets(batch)
+        labels = labels.numpy()
         with torch.no_grad():
             reference = model(images).numpy()
         correct, samples = correct + int((reference.argmax(1) == labels).sum()), samples + len(labels)
@@ -267,7 +170,7 @@ def measure(cli: ProjectCLI, options: argparse.Namespace, variants: dict[str, tu
             variant.counts["agree"] += int((logits.argmax(1) == reference.argmax(1)).sum())
             variant.counts["correct"] += int((logits.argmax(1) == labels).sum())
             variant.counts["samples"] += len(labels)
-    first = next(split_batches(cli, options.split, 1))["image"][:1]
+    first = inputs(cli, next(split_batches(cli, options.split, 1)))[:1]
     for variant, run in variants.values():
         variant.accuracy = variant.counts["correct"] / variant.counts["samples"]
         variant.top1_agreement = variant.counts["agree"] / variant.counts["samples"]
@@ -293,12 +196,12 @@ def main(args: list[str] | None = None) -> dict:
     cli = load_run(options.ckpt_path, overrides)
     options.out = options.out or options.ckpt_path.resolve().parent.parent / "export"
     options.out.mkdir(parents=True, exist_ok=True)
-    images = next(split_batches(cli, options.split, 1))["image"]
+    images = inputs(cli, next(split_batches(cli, options.split, 1)))
     example = images[:2] if len(images) > 1 else images.repeat(2, 1, 1, 1)  # batch 2: the batch axis stays free
     calibration = []
     if "static-int8" in options.quantize:
         other = "val" if options.split == "test" else "test"  # calibrate on data the table does not report
-        calibration = [b["image"].numpy() for b in split_batches(cli, other, options.calibration_batches)]
+        calibration = [inputs(cli, b).numpy() for b in split_batches(cli, other, options.calibration_batches)]
     variants = build_variants(options, cli.model, example, calibration)
     module_accuracy = measure(cli, options, variants)
     results = [variant for variant, _ in variants.values()]

@@ -15,7 +15,6 @@ import argparse
 import csv
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from project.cli import ConfigOnlyCLI, ProjectCLI, print_train_help  # noqa: E402
 from project.errors import UserError, run_main  # noqa: E402
 
-# each run hands LightningCLI its own argument list, on purpose
-warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
 COLUMNS = ["fraction", "train_samples", "epochs", "steps", "fit_seconds", "run_folder"]
 
 
@@ -125,7 +122,7 @@ def main(args: list[str] | None = None) -> list[dict[str, Any]]:
     fractions = parse_fractions(options.fractions)
     if any(arg.startswith("--data.fraction") for arg in overrides):
         raise UserError("--data.fraction: scaling sets it for each run; use --fractions")
-    config = ConfigOnlyCLI(args=overrides).config  # checks the overrides and builds the demo data if missing
+    config = ConfigOnlyCLI(args=overrides).config  # checks the overrides before any run
     folder, named = output_folder(config)
     folder.mkdir(parents=True)
     print(f"scaling runs: {folder}", file=sys.stderr)

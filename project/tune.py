@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,6 @@ from project.errors import UserError, run_main
 
 DEFAULT_SEARCH = CONFIG_DIR / "tune" / "default.yaml"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
-# each trial hands LightningCLI its own argument list, on purpose
-warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
 
 
 def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -119,6 +116,12 @@ def suggest(trial: optuna.Trial, params: dict[str, dict]) -> dict[str, Any]:
 def as_flags(values: dict[str, Any]) -> list[str]:
     """`--key=value` flags; non-strings as JSON, which the config parser reads as YAML."""
     return [f"--{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in values.items()]
+
+
+def has_key(config: Any, key: str) -> bool:
+    """Whether `key` names a setting: `model.lr` is the chosen model class's `model.init_args.lr`."""
+    section, _, rest = key.partition(".")
+    return key in config or (bool(rest) and f"{section}.init_args.{rest}" in config)
 
 
 def run_trial(trial: optuna.Trial, flags: list[str], metric: str) -> float:
@@ -241,8 +244,8 @@ def open_study(storage: str, name: str, search: dict, sampler: optuna.samplers.B
 def main(args: list[str] | None = None) -> optuna.Study:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
     search = load_search(options.search)
-    config = ConfigOnlyCLI(args=overrides).config  # checks the overrides and builds the demo data if missing
-    unknown = [key for key in search["params"] if key not in config]
+    config = ConfigOnlyCLI(args=overrides).config  # checks the overrides before any trial
+    unknown = [key for key in search["params"] if not has_key(config, key)]
     if unknown:
         raise UserError(f"search space {options.search}: {unknown[0]!r} is not a config key (see project.train --help)")
     logger = getattr(config.trainer.logger, "init_args", None)

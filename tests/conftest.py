@@ -16,9 +16,10 @@ import pytest
 from PIL import Image
 from webdataset import TarWriter
 
-from project.data.demo import make_demo
 from project.data.shards import INDEX_NAME, Shard, write_index
 from project.data.workers import proc_stat
+from project.tasks.image.data import ImageShards
+from project.tasks.image.demo import make_demo
 
 REPO = Path(__file__).resolve().parent.parent
 CLASSES = ["zero", "one", "two"]
@@ -28,6 +29,11 @@ def jpeg(value: int, size: int = 8) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.full((size, size, 3), value % 256, dtype=np.uint8)).save(buffer, format="JPEG")
     return buffer.getvalue()
+
+
+def image_task(image_size: int = 8, augment: str = "light", **kwargs) -> ImageShards:
+    """The image task as a stream's decoder (no splits of its own): labels named by CLASSES."""
+    return ImageShards(root=None, image_size=image_size, augment=augment, classes=CLASSES, num_workers=0, **kwargs)
 
 
 def write_shards(
@@ -52,7 +58,7 @@ def write_shards(
                 keys.append(key)
         shards.append(Shard(str(path), size, path.stat().st_size))
     if index:
-        write_index(folder / INDEX_NAME, shards, CLASSES, name=folder.name)
+        write_index(folder / INDEX_NAME, shards, name=folder.name, extra={"classes": CLASSES})
     return keys
 
 

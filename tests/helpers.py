@@ -20,7 +20,7 @@ class RecordBatches(Callback):
 
     def _record(self, trainer, stage: str, batch: dict) -> None:
         if not trainer.sanity_checking:
-            self.seen[stage][trainer.current_epoch].append(list(batch["key"]))
+            self.seen[stage][trainer.current_epoch].append(list(batch.keys))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._record(trainer, "train", batch)

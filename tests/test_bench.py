@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from project.bench import RATIO_KEYS, main, subset_index, summarize, table
+from project.bench.loader import subset_index
+from project.bench.report import RATIO_KEYS, summarize, table
+from project.bench.run import main
 from project.data.shards import resolve_shards
 
 from .conftest import REPO, write_shards
@@ -34,9 +36,9 @@ def test_ratios_are_quotients_of_the_medians_of_the_repeats():
 def test_the_large_dataset_is_the_small_one_listed_eight_times(tmp_path):
     write_shards(tmp_path / "train", [10, 10, 10])
     train = resolve_shards(str(tmp_path / "train"))
-    small = resolve_shards(str(subset_index(train.shards, 15, train.classes, tmp_path / "small")))
-    large = resolve_shards(str(subset_index(train.shards, 15, train.classes, tmp_path / "large", copies=8)))
-    assert [shard.nsamples for shard in small.shards] == [10, 10] and small.classes == train.classes
+    small = resolve_shards(str(subset_index(train.shards, 15, train.extra, tmp_path / "small")))
+    large = resolve_shards(str(subset_index(train.shards, 15, train.extra, tmp_path / "large", copies=8)))
+    assert [shard.nsamples for shard in small.shards] == [10, 10] and small.extra == train.extra
     assert large.nsamples == 8 * small.nsamples and large.shards == small.shards * 8
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from project.models.classifier import ImageClassifier, lr_factor
+from project.tasks.image.model import ImageClassifier, lr_factor
 
 
 def test_uint8_batches_are_normalized_like_float_ones():

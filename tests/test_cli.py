@@ -52,7 +52,8 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
     run = tmp_path / "logs" / "short" / "version_0"
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config["data"]["root"] == str(tiny_demo) and "num_classes" not in config["model"]  # linked
+    assert config["data"]["init_args"]["root"] == str(tiny_demo)
+    assert "num_classes" not in config["model"]["init_args"]  # linked from the data, not configured
     hparams = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)["hyper_parameters"]
     assert hparams["num_classes"] == 10 and hparams["class_names"][0] == "circle"
     events = EventAccumulator(str(run))
@@ -84,8 +85,9 @@ def test_print_config_shows_the_resolved_defaults_from_any_directory(tmp_path):
     result = run_module("project.train", "--print_config", "--data.batch_size=7", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     config = yaml.safe_load(result.stdout)
-    assert config["data"]["batch_size"] == 7 and config["data"]["root"] == "data/demo"
-    assert config["model"]["backbone"] == "small_cnn"
+    assert config["data"]["class_path"] == "project.tasks.image.ImageShards"
+    assert config["data"]["init_args"]["batch_size"] == 7 and config["data"]["init_args"]["root"] == "data/demo"
+    assert config["model"]["init_args"]["backbone"] == "small_cnn"
     assert config["trainer"]["logger"]["init_args"]["save_dir"] == "logs"
 
 

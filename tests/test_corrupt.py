@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from project.data.health import SkipLedger
-from project.data.pipeline import ShardStream
 from project.data.shards import resolve_shards
-from project.data.transforms import build_transform
+from project.data.stream import ShardStream
 from project.errors import ShardError
 
-from .conftest import run_module, write_shards
+from .conftest import image_task, run_module, write_shards
 from .test_pipeline import epoch_batches
 
 
@@ -57,11 +56,11 @@ def corrupt_split(tmp_path) -> tuple[Path, list[str], set[str]]:
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_each_unreadable_sample_is_skipped_and_counted_once(corrupt_split, num_workers):
     folder, keys, bad = corrupt_split
-    stream = ShardStream(resolve_shards(str(folder)).shards, train=False, batch_size=4, skip_corrupt=True,
-                         transform=build_transform("none", 8, train=False))  # fmt: skip
+    stream = ShardStream(resolve_shards(str(folder)).shards, image_task(), stage="val", batch_size=4,
+                         skip_corrupt=True)  # fmt: skip
     batches = epoch_batches(stream, num_workers)
-    seen = [key for batch in batches for key in batch["key"]]
-    skipped = [entry for batch in batches for entry in batch["skipped"]]
+    seen = [key for batch in batches for key in batch.keys]
+    skipped = [entry for batch in batches for entry in batch.skipped]
     assert sorted(seen) == sorted(set(keys) - bad)
     assert len(skipped) == len(bad) == 6
     reasons = " | ".join(reason for _, _, reason in skipped)
@@ -71,14 +70,13 @@ def test_each_unreadable_sample_is_skipped_and_counted_once(corrupt_split, num_w
 
 def test_without_skipping_the_first_unreadable_sample_is_an_error(corrupt_split):
     folder, _, _ = corrupt_split
-    stream = ShardStream(resolve_shards(str(folder)).shards, train=False, batch_size=4,
-                         transform=build_transform("none", 8, train=False))  # fmt: skip
+    stream = ShardStream(resolve_shards(str(folder)).shards, image_task(), stage="val", batch_size=4)
     with pytest.raises(ShardError, match="val-000000.tar"):
         epoch_batches(stream, 0)
 
 
 def test_warnings_are_rate_limited_and_name_the_shard_and_key(caplog):
-    ledger = SkipLedger("train", planned=10_000, max_fraction=0.01, warn_every=60)
+    ledger = SkipLedger("train", epoch=0, planned=10_000, max_fraction=0.01, warn_every=60)
     with caplog.at_level(logging.WARNING, logger="project.data"):
         for i in range(5):
             ledger.record([("s3.tar", f"key{i}", "cannot identify image")])
@@ -88,7 +86,7 @@ def test_warnings_are_rate_limited_and_name_the_shard_and_key(caplog):
 
 
 def test_too_many_skips_stop_the_epoch_naming_the_worst_shards():
-    ledger = SkipLedger("train", planned=200, max_fraction=0.01)
+    ledger = SkipLedger("train", epoch=0, planned=200, max_fraction=0.01)
     ledger.record([("good.tar", "a", "x")])
     ledger.record([("good.tar", "b", "x")])  # 2 of 200 = 1%: still allowed
     with pytest.raises(ShardError, match=r"3 of the 200 train samples .* worst shards: good.tar \(2\), bad.tar \(1\)"):

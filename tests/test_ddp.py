@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from project.data.demo import make_demo
-from project.data.pipeline import read_samples
+from project.data.samples import read_samples
 from project.data.shards import resolve_shards
+from project.tasks.image.demo import make_demo
 
 from .conftest import REPO, run_module
 from .helpers import load_records

@@ -12,13 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from project.data.datamodule import EpochLoader
-from project.data.decode import DecodeError, decode_image, decode_jpeg_pixels, decode_label, decode_sample, jpeg_size
-from project.data.pipeline import ShardStream
+from project.data.loader import EpochLoader
 from project.data.shards import resolve_shards
-from project.data.transforms import build_transform
+from project.data.stream import ShardStream
+from project.errors import DecodeError
+from project.tasks.image.decode import decode_image, decode_jpeg_pixels, decode_label, decode_sample, jpeg_size
 
-from .conftest import jpeg
+from .conftest import image_task, jpeg
 
 
 class TouchOnLoad:
@@ -42,9 +42,8 @@ def test_planted_pickles_are_never_loaded(tmp_path, shard_folder):
     payload = pickle.dumps(TouchOnLoad(str(evidence)))
     members = {"pyd": payload, "pickle": payload, "pth": payload, "pkl": payload}
     folder, keys = shard_folder([5, 4], name="val", extra_members=members)
-    stream = ShardStream(resolve_shards(str(folder)).shards, train=False, batch_size=3,
-                         transform=build_transform("none", 8, train=False))  # fmt: skip
-    seen = [key for batch in EpochLoader(stream, None, num_workers=2) for key in batch["key"]]
+    stream = ShardStream(resolve_shards(str(folder)).shards, image_task(), stage="val", batch_size=3)
+    seen = [key for batch in EpochLoader(stream, None, num_workers=2) for key in batch.keys]
     assert sorted(seen) == sorted(keys)  # the samples were read, with their pickles beside them
     assert not evidence.exists(), "a pickle member was unpickled"
 
@@ -83,7 +82,7 @@ def test_npy_arrays_load_and_object_arrays_are_refused():
 
 
 def test_jpeg_decodes_at_reduced_scale_when_much_larger_than_needed():
-    from project.data.decode import decode_image
+    from project.tasks.image.decode import decode_image
 
     big = jpeg(100, size=256)
     assert decode_image(big).size == (256, 256)

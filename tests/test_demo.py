@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from project.data.demo import CLASSES, SPLITS, demo_is_complete, make_demo
-from project.data.pipeline import read_samples
+from project.data.samples import read_samples
 from project.data.shards import INDEX_NAME, resolve_shards
+from project.tasks.image.demo import CLASSES, SPLITS, demo_is_complete, make_demo
 
 
 def digest(root) -> dict[str, str]:

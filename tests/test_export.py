@@ -21,7 +21,6 @@ from .conftest import REPO, run_module
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.filterwarnings("ignore:LightningCLI's args parameter"),  # export runs in-process here
     pytest.mark.filterwarnings("ignore:`torch.jit"),  # TorchScript is deprecated, and asked for
 ]
 # static int8 may cost at most this much accuracy (measured on the full demo model: none, see the README)
@@ -42,9 +41,8 @@ def write_colour_shards(folder: Path, count: int, seed: int) -> None:
             buffer = io.BytesIO()
             Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buffer, format="JPEG")
             writer.write({"__key__": f"{i:06d}", "jpg": buffer.getvalue(), "cls": str(label).encode()})
-    write_index(
-        folder / INDEX_NAME, [Shard(str(folder / "shard-000000.tar"), count)], ["red", "green", "blue", "yellow"]
-    )
+    classes = ["red", "green", "blue", "yellow"]
+    write_index(folder / INDEX_NAME, [Shard(str(folder / "shard-000000.tar"), count)], extra={"classes": classes})
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from project.data.datamodule import ShardDataModule
 from project.data.plan import fraction_counts, total_batches, train_plan
 from project.errors import UserError
+from project.tasks.image.data import ImageShards
 
 from .conftest import run_module
 
@@ -64,18 +64,18 @@ def test_a_fraction_outside_zero_to_one_is_a_user_error(fraction):
     with pytest.raises(UserError, match=r"data.fraction must be in \(0, 1\]"):
         fraction_counts([10], fraction)
     with pytest.raises(UserError, match=r"data.fraction must be in \(0, 1\]"):
-        ShardDataModule(root=None, fraction=fraction)
+        ImageShards(root=None, fraction=fraction)
 
 
 def read_split(folder, split: str, fraction: float, seed: int = 0) -> list[list[str]]:
     """The keys of every batch of one epoch of `split`, and check no batch skipped a sample."""
-    module = ShardDataModule(root=str(folder), batch_size=5, num_workers=0, image_size=8, seed=seed,
+    module = ImageShards(root=str(folder), batch_size=5, num_workers=0, image_size=8, seed=seed,
                              fraction=fraction, augment="none")  # fmt: skip
     loader = module.train_dataloader() if split == "train" else module.val_dataloader()
     batches = list(loader)
     assert len(batches) == len(loader)
-    assert all(not batch["skipped"] for batch in batches)
-    return [batch["key"] for batch in batches]
+    assert all(not batch.skipped for batch in batches)
+    return [batch.keys for batch in batches]
 
 
 def test_the_data_module_trains_on_a_nested_seed_independent_prefix_and_keeps_val_whole(shard_folder, tmp_path):

@@ -14,9 +14,10 @@ import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, Dataset
 
-from project.callbacks.report import render_confusion_matrix
 from project.errors import UserError
-from project.models.classifier import ImageClassifier
+from project.tasks.image.batch import ImageBatch
+from project.tasks.image.model import ImageClassifier
+from project.tasks.image.report import render_confusion_matrix
 
 from .conftest import REPO, run_module
 
@@ -145,6 +146,11 @@ class Blobs(Dataset):
         return {"image": image, "label": label}
 
 
+def blob_batch(items: list[dict]) -> ImageBatch:
+    return ImageBatch(image=torch.stack([item["image"] for item in items]),
+                      label=torch.tensor([item["label"] for item in items]), keys=[""] * len(items))  # fmt: skip
+
+
 def _fit(model: ImageClassifier, epochs: int) -> None:
     trainer = L.Trainer(
         max_epochs=epochs,
@@ -154,7 +160,7 @@ def _fit(model: ImageClassifier, epochs: int) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, DataLoader(Blobs(), batch_size=16))
+    trainer.fit(model, DataLoader(Blobs(), batch_size=16, collate_fn=blob_batch))
 
 
 def _backbone_state(model: ImageClassifier, include_norms: bool) -> dict[str, torch.Tensor]:
@@ -198,9 +204,9 @@ MIXES = [{"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0}, {"mixup_alpha": 0.2, "cutm
 def test_mixup_and_cutmix_train_on_soft_targets_reproducibly(mix):
     torch.manual_seed(0)
     model = ImageClassifier(num_classes=2, width=4, **mix)
-    batch = next(iter(DataLoader(Blobs(), batch_size=8)))
+    batch = next(iter(DataLoader(Blobs(), batch_size=8, collate_fn=blob_batch)))
     losses = [float(model.training_step(batch, 0).detach()) for _ in range(2)]  # same step, same mixing
-    plain = float(torch.nn.functional.cross_entropy(model(batch["image"]), batch["label"]))
+    plain = float(torch.nn.functional.cross_entropy(model(batch.image), batch.label))
     assert losses[0] == pytest.approx(losses[1]) and losses[0] != pytest.approx(plain)
 
 

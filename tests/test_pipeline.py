@@ -8,20 +8,23 @@ from collections import Counter
 import pytest
 import torch
 
-from project.data.datamodule import EpochLoader
-from project.data.decode import DecodeError
-from project.data.pipeline import ShardStream, read_samples, shuffled
+from project.data.batch import Batch
+from project.data.loader import EpochLoader
+from project.data.samples import read_samples
 from project.data.shards import resolve_shards
-from project.data.transforms import build_transform
-from project.errors import ShardError
+from project.data.stream import ShardStream, shuffled
+from project.errors import DecodeError, ShardError
+from project.tasks.image.batch import ImageBatch
+
+from .conftest import image_task
 
 
 def stream_for(folder, *, train, batch_size=4, num_workers=0, world_size=1, rank=0, **kwargs) -> ShardStream:
     stream = ShardStream(
         resolve_shards(str(folder)).shards,
-        train=train,
+        image_task(),
+        stage="train" if train else "val",
         batch_size=batch_size,
-        transform=build_transform("light" if train else "none", 8, train=train),
         num_workers=num_workers,
         shuffle_buffer=kwargs.pop("shuffle_buffer", 16),
         **kwargs,
@@ -30,7 +33,7 @@ def stream_for(folder, *, train, batch_size=4, num_workers=0, world_size=1, rank
     return stream
 
 
-def epoch_batches(stream: ShardStream, num_workers: int, epoch: int = 0) -> list[dict]:
+def epoch_batches(stream: ShardStream, num_workers: int, epoch: int = 0) -> list[Batch]:
     stream.set_epoch(epoch)
     loader = EpochLoader(stream, None, num_workers=num_workers)
     batches = list(loader)
@@ -38,8 +41,8 @@ def epoch_batches(stream: ShardStream, num_workers: int, epoch: int = 0) -> list
     return batches
 
 
-def keys_of(batches: list[dict]) -> list[str]:
-    return [key for batch in batches for key in batch["key"]]
+def keys_of(batches: list[Batch]) -> list[str]:
+    return [key for batch in batches for key in batch.keys]
 
 
 def test_read_samples_starts_and_stops_mid_shard(shard_folder):
@@ -50,6 +53,7 @@ def test_read_samples_starts_and_stops_mid_shard(shard_folder):
     sample = next(read_samples(url, 3, 4))
     assert set(sample) == {"__key__", "__url__", "jpg", "cls"}
     assert set(next(read_samples(url, extensions=frozenset()))) == {"__key__", "__url__"}
+    assert set(next(read_samples(url, extensions=frozenset({"cls"})))) == {"__key__", "__url__", "cls"}
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -70,12 +74,12 @@ def test_training_epochs_never_repeat_change_order_and_reproduce(shard_folder):
         batches = epoch_batches(stream_for(folder, train=True, num_workers=2, seed=5), 2, epoch)
         epochs[epoch] = keys_of(batches)
         assert len(epochs[epoch]) == len(set(epochs[epoch])) == 36  # 36 = 9 full batches of 4
-        assert all(len(b["key"]) == 4 for b in batches)
+        assert all(len(b) == 4 for b in batches)
     assert epochs[0] != epochs[1]
     again = epoch_batches(stream_for(folder, train=True, num_workers=2, seed=5), 2, 0)
     assert keys_of(again) == epochs[0]
     first = epoch_batches(stream_for(folder, train=True, num_workers=2, seed=5), 2, 0)[0]
-    assert torch.equal(first["image"], again[0]["image"]), "augmentation is not reproducible"
+    assert torch.equal(first.image, again[0].image), "augmentation is not reproducible"
     other_seed = keys_of(epoch_batches(stream_for(folder, train=True, num_workers=2, seed=6), 2, 0))
     assert other_seed != epochs[0]
 
@@ -90,11 +94,12 @@ def test_training_ranks_get_equal_batches_and_disjoint_samples(shard_folder):
     assert len(seen) == len(set(seen)) == 16
 
 
-def test_batches_are_uint8_images_with_int64_labels(shard_folder):
-    folder, _ = shard_folder([8])
+def test_batches_are_typed_uint8_images_with_int64_labels(shard_folder):
+    folder, keys = shard_folder([8])
     batch = epoch_batches(stream_for(folder, train=False), 0)[0]
-    assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (4, 3, 8, 8)
-    assert batch["label"].dtype == torch.int64 and batch["label"].tolist() == [0, 1, 2, 0]
+    assert isinstance(batch, ImageBatch) and batch.keys == keys[:4] and batch.skipped == []
+    assert batch.image.dtype == torch.uint8 and batch.image.shape == (4, 3, 8, 8)
+    assert batch.label.dtype == torch.int64 and batch.label.tolist() == [0, 1, 2, 0]
 
 
 def test_shuffle_buffer_holds_at_most_its_size():
@@ -148,7 +153,7 @@ def test_shards_stream_from_a_url_through_their_remote_index(shard_folder, tmp_p
         url = f"http://127.0.0.1:{server.server_port}/val/shardindex.json"
         index = resolve_shards(url)
         assert index.shards[0].url == f"http://127.0.0.1:{server.server_port}/val/val-000000.tar"
-        stream = ShardStream(index.shards, train=False, batch_size=4, transform=build_transform("none", 8, False))
+        stream = ShardStream(index.shards, image_task(), stage="val", batch_size=4)
         assert sorted(keys_of(epoch_batches(stream, 2))) == sorted(keys)
     finally:
         server.shutdown()

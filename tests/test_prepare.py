@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from project.data.index import build_index
-from project.data.pipeline import read_samples
-from project.data.prepare import prepare
+from project.data.samples import read_samples
 from project.data.shards import resolve_shards
-from project.data.sources import sanitize_key
+from project.shards.index import build_index
+from project.shards.prepare import prepare
+from project.shards.sources import sanitize_key
 
 from .conftest import run_module
 
@@ -195,7 +195,7 @@ def test_gnu_tar_shards_are_indexed_and_trained_on(tmp_path, compress, labels):
         subprocess.run(["tar", f"-c{compress}f", str(shards / f"part-{n}{suffix}"), *chunk], cwd=files, check=True)
     index, problems = build_index([str(shards)], shards / "shardindex.json")
     assert not problems and index.nsamples == 24 and [s.nsamples for s in index.shards] == [15, 9]
-    assert index.classes == (sorted(CLASSES) if labels == "txt" else ["0", "1", "2"])
+    assert index.extra["classes"] == (sorted(CLASSES) if labels == "txt" else ["0", "1", "2"])
     args = [f"--data.{split}={shards}" for split in ("train", "val", "test")]
     result = run_module("project.train", *args, "--data.image_size=16", "--data.batch_size=8", "--data.num_workers=0",
                         "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", cwd=tmp_path)  # fmt: skip

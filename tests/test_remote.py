@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from project.data.demo import make_demo
-from project.data.pipeline import ShardStream, read_samples
 from project.data.remote import cached, open_url
+from project.data.samples import read_samples
 from project.data.shards import resolve_shards
-from project.data.transforms import build_transform
+from project.data.stream import ShardStream
+from project.tasks.image.demo import make_demo
 
-from .conftest import run_module
+from .conftest import image_task, run_module
 from .helpers import load_records
 from .test_pipeline import epoch_batches, keys_of
 
@@ -78,7 +78,7 @@ def test_streaming_through_dropped_connections_reads_every_sample_exactly_once(s
     url, handler = server
     folder, keys = shard_folder([12, 7, 9], name="val")
     index = resolve_shards(f"{url}/val/shardindex.json")
-    stream = ShardStream(index.shards, train=False, batch_size=5, transform=build_transform("none", 8, False))
+    stream = ShardStream(index.shards, image_task(), stage="val", batch_size=5)
     seen = Counter(keys_of(epoch_batches(stream, num_workers)))
     assert set(seen) == set(keys) and set(seen.values()) == {1}
     assert len(handler.cut) == 3  # every shard's connection was cut once

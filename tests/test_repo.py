@@ -107,6 +107,17 @@ def scalar_settings(node: object, path: tuple = ()) -> list[tuple[tuple, object]
     return [] if isinstance(node, list) else [(path, node)]
 
 
+def lookup(resolved: dict, path: tuple) -> object:
+    """The resolved value of a key path; `model.lr` is `model.init_args.lr` (the chosen class's argument)."""
+    if path and path[0] in ("model", "data") and path[1:2] not in (("class_path",), ("init_args",)):
+        path = (path[0], "init_args", *path[1:])
+    node = resolved
+    for key in path:
+        assert isinstance(node, dict) and key in node, f"{'.'.join(map(str, path))} is not a train option"
+        node = node[key]
+    return node
+
+
 def same_value(written: object, resolved: object) -> bool:
     if written == resolved or str(written) == str(resolved):
         return True
@@ -124,9 +135,7 @@ def test_every_config_file_is_accepted_and_applied(config, results):
     resolved = yaml.safe_load(result["stdout"])
     assert {"trainer", "model", "data"} <= set(resolved), describe(result)
     for path, value in scalar_settings(yaml.safe_load((REPO / config).read_text()) or {}):
-        node = resolved
-        for key in path:
-            node = node[key]
+        node = lookup(resolved, path)
         assert same_value(value, node), f"{config}: {'.'.join(map(str, path))} is {value!r}, resolved {node!r}"
 
 
@@ -138,10 +147,7 @@ def test_every_search_space_searches_train_options(search_space, results):
     params = yaml.safe_load((REPO / search_space).read_text())["params"]
     assert params, search_space
     for key in params:
-        node = resolved
-        for part in key.split("."):
-            assert isinstance(node, dict) and part in node, f"{search_space}: {key} is not a train option"
-            node = node[part]
+        lookup(resolved, tuple(key.split(".")))
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.data.demo import make_demo
+from project.tasks.image.demo import make_demo
 
 from .conftest import REPO, run_module
 from .helpers import load_records

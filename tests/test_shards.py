@@ -15,7 +15,7 @@ def test_folder_with_index_resolves_relative_urls(shard_folder):
     index = resolve_shards(str(folder))
     assert [s.nsamples for s in index.shards] == [3, 5]
     assert all(s.url.startswith(str(folder)) for s in index.shards)
-    assert index.classes == ["zero", "one", "two"]
+    assert index.extra["classes"] == ["zero", "one", "two"]
     data = json.loads((folder / INDEX_NAME).read_text())
     assert data["__kind__"] == "wids-shard-index-v1" and data["wids_version"] == 1
     assert data["shardlist"][0]["url"] == "train-000000.tar"  # stored relative to the index
@@ -30,14 +30,14 @@ def test_index_file_glob_brace_and_list_agree(shard_folder, tmp_path):
     by_list = resolve_shards([str(folder / "train-000000.tar"), str(folder / "train-00000[12].tar")])
     for other in (by_glob, by_brace, by_list):
         assert [(s.url, s.nsamples) for s in other.shards] == [(s.url, s.nsamples) for s in by_index.shards]
-    assert by_glob.classes == ["zero", "one", "two"]  # taken from the sibling index
+    assert by_glob.extra["classes"] == ["zero", "one", "two"]  # taken from the sibling index
 
 
 def test_shards_without_an_index_are_counted_from_their_tar_headers(shard_folder):
     folder, _ = shard_folder([4, 6, 1], index=False)
     index = resolve_shards(str(folder))
     assert [s.nsamples for s in index.shards] == [4, 6, 1]
-    assert index.classes is None
+    assert index.extra == {}
 
 
 def test_index_naming_a_missing_shard_is_a_clear_error(shard_folder):
@@ -74,7 +74,7 @@ def test_write_index_is_atomic_and_keeps_outside_urls_absolute(tmp_path, shard_f
     shards = read_index(str(folder / INDEX_NAME)).shards
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    path = write_index(elsewhere / INDEX_NAME, shards, ["a"], name="x")
+    path = write_index(elsewhere / INDEX_NAME, shards, name="x", extra={"classes": ["a"]})
     assert not list(path.parent.glob(".*tmp"))
     assert json.loads(path.read_text())["shardlist"][0]["url"] == shards[0].url
     assert read_index(str(path)).shards == shards

@@ -13,13 +13,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torchvision.transforms import v2
 
 from project.callbacks.throughput import SpeedMonitor
-from project.data.datamodule import ShardDataModule
-from project.data.decode import decode_image
-from project.data.demo import draw_sample, encode_jpeg
-from project.data.device_decode import DeviceDecoder, crop_resize, decode_on_device
-from project.data.pipeline import pixels, transform_all
-from project.data.transforms import build_transform, to_uint8_tensor
-from project.models.classifier import ImageClassifier
+from project.tasks.image.batch import EncodedImageBatch, ImageBatch
+from project.tasks.image.data import ImageShards
+from project.tasks.image.decode import decode_image
+from project.tasks.image.demo import draw_sample, encode_jpeg
+from project.tasks.image.device_decode import DeviceDecoder, crop_resize, decode_on_device
+from project.tasks.image.model import ImageClassifier
+from project.tasks.image.transforms import build_transform, pixels, to_uint8_tensor, transform_all
 
 from .conftest import REPO, run_module, write_shards
 
@@ -79,15 +79,15 @@ def test_device_decoding_gives_the_cpu_decoders_images(tmp_path):
     keys = write_shards(folder, [5, 4], prefix="val")
     for image_size in (8, 6, 12):  # the stored size (identical), smaller, larger
         common = dict(root=None, val=str(folder), num_workers=0, batch_size=9, image_size=image_size)
-        cpu = next(iter(ShardDataModule(**common).val_dataloader()))
-        data = ShardDataModule(decode_on="device", **common)
+        cpu = next(iter(ImageShards(**common).val_dataloader()))
+        data = ImageShards(decode_on="device", **common)
         encoded = next(iter(data.val_dataloader()))
-        assert encoded["image"] is None and len(encoded["jpeg"]) == 9
+        assert isinstance(encoded, EncodedImageBatch) and encoded.image is None and len(encoded.jpegs) == 9
         decoded, skipped = data.device_decoder(encoded)
-        assert skipped == [] and "jpeg" not in decoded
-        assert decoded["key"] == cpu["key"] == keys and torch.equal(decoded["label"], cpu["label"])
-        assert decoded["image"].dtype == torch.uint8 and decoded["image"].shape == cpu["image"].shape
-        assert mean_difference(decoded["image"], cpu["image"]) < 1.5
+        assert skipped == [] and type(decoded) is ImageBatch
+        assert decoded.keys == cpu.keys == keys and torch.equal(decoded.label, cpu.label)
+        assert decoded.image.dtype == torch.uint8 and decoded.image.shape == cpu.image.shape
+        assert mean_difference(decoded.image, cpu.image) < 1.5
 
 
 def test_device_decoding_of_larger_images_matches_and_resizes_in_one_batch():
@@ -108,28 +108,30 @@ def test_undecodable_and_non_jpeg_images_fall_back_to_the_cpu_and_are_reported(t
     Image.fromarray(np.full((8, 8, 3), 77, dtype=np.uint8)).save(png, format="PNG")
     decoder = DeviceDecoder("light", 8)
     good = demo_jpeg(8, 1)
-    batch = {
-        "image": to_uint8_tensor(Image.open(png)).unsqueeze(0),  # a PNG the worker decoded
-        "label": torch.tensor([0, 1, 2, 1]),
-        "key": ["png", "good", "bad", "good2"],
-        "skipped": [],
-        "jpeg": [("shard.tar", good), ("shard.tar", b"\xff\xd8\xff" + b"broken" * 10), ("shard.tar", good)],
-        "augment_seed": 7,
-    }
+    batch = EncodedImageBatch(
+        image=to_uint8_tensor(Image.open(png)).unsqueeze(0),  # a PNG the worker decoded, in the second row
+        image_rows=[1],
+        label=torch.tensor([1, 0, 2, 1]),
+        keys=["good", "png", "bad", "good2"],
+        jpegs=[good, b"\xff\xd8\xff" + b"broken" * 10, good],
+        jpeg_rows=[0, 2, 3],
+        jpeg_urls=["a.tar", "b.tar", "c.tar"],
+        augment_seed=7,
+    )
     decoded, skipped = decoder(batch)
-    assert decoded["key"] == ["png", "good", "good2"] and decoded["label"].tolist() == [0, 1, 1]
-    assert [(url, key) for url, key, _ in skipped] == [("shard.tar", "bad")] and decoded["skipped"] == skipped
-    assert decoded["image"].shape == (3, 3, 8, 8) and decoded["image"][0].eq(77).all()
+    assert decoded.keys == ["good", "png", "good2"] and decoded.label.tolist() == [1, 0, 1]
+    assert [(url, key) for url, key, _ in skipped] == [("b.tar", "bad")] and decoded.skipped == skipped
+    assert decoded.image.shape == (3, 3, 8, 8) and decoded.image[1].eq(77).all()
     again, _ = decoder(batch)
-    assert torch.equal(again["image"], decoded["image"])  # augmentation follows the batch's seed
+    assert torch.equal(again.image, decoded.image)  # augmentation follows the batch's seed
 
 
 def test_device_decoding_trains_through_the_data_modules_hook(tmp_path):
     folder = tmp_path / "train"
     write_shards(folder, [20], prefix="train")
-    data = ShardDataModule(root=None, train=str(folder), num_workers=2, batch_size=8, image_size=8, decode_on="device")
+    data = ImageShards(root=None, train=str(folder), num_workers=2, batch_size=8, image_size=8, decode_on="device")
     batches = [data.on_after_batch_transfer(batch, 0) for batch in data.train_dataloader()]
-    assert len(batches) == 2 and all(batch["image"].shape == (8, 3, 8, 8) for batch in batches)
+    assert len(batches) == 2 and all(batch.image.shape == (8, 3, 8, 8) for batch in batches)
     assert data.on_after_batch_transfer(torch.zeros(2), 0).shape == (2,)  # the model summary's example input
 
 
@@ -139,9 +141,7 @@ def test_speed_monitor_logs_throughput_data_wait_and_memory_and_judges_the_run(t
 
     folder = tmp_path / "train"
     write_shards(folder, [48], prefix="train")
-    data = ShardDataModule(
-        root=None, train=str(folder), num_workers=0, batch_size=4, image_size=8, classes=["a", "b", "c"]
-    )
+    data = ImageShards(root=None, train=str(folder), num_workers=0, batch_size=4, image_size=8, classes=["a", "b", "c"])
     monitor = SpeedMonitor(window_size=3)
     logger = TensorBoardLogger(tmp_path / "logs", name="speed")
     trainer = Trainer(max_epochs=1, logger=logger, callbacks=[monitor], log_every_n_steps=2, limit_val_batches=0,

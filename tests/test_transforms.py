@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from project.data.transforms import build_transform
+from project.tasks.image.transforms import build_transform
 
 PRESETS = ["none", "light", "standard", "strong"]
 

@@ -67,7 +67,6 @@ def test_a_stored_study_resumes_only_with_its_own_metric_and_direction(tmp_path)
         open_study("nonsense://x", "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner)
 
 
-@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 def test_a_search_key_that_is_no_config_key_stops_before_any_trial(tiny_demo, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     search = tmp_path / "search.yaml"
@@ -90,8 +89,8 @@ def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_p
         run = tmp_path / "logs" / "tiny" / f"trial_{trial.number}"
         assert list(run.glob("events.out.tfevents.*")) and (run / "checkpoints" / "best.ckpt").is_file()
         config = yaml.safe_load((run / "config.yaml").read_text())
-        assert config["model"]["lr"] == pytest.approx(trial.params["model.lr"])
-        assert config["data"]["augment"] == trial.params["data.augment"]
+        assert config["model"]["init_args"]["lr"] == pytest.approx(trial.params["model.lr"])
+        assert config["data"]["init_args"]["augment"] == trial.params["data.augment"]
         assert 0 <= trial.value <= 1 and list(trial.intermediate_values) == [0]  # reported after epoch 0
     assert "study tiny: 2 trials" in first.stdout and "best config: logs/tiny/best.yaml" in first.stdout
 
@@ -109,5 +108,7 @@ def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_p
                          cwd=tmp_path)  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
     config = yaml.safe_load((tmp_path / "logs" / "tiny" / "version_0" / "config.yaml").read_text())
-    assert config["model"]["lr"] == pytest.approx(best.params["model.lr"])
-    assert config["data"]["augment"] == best.params["data.augment"] and config["trainer"]["max_epochs"] == 1
+    assert config["model"]["init_args"]["lr"] == pytest.approx(best.params["model.lr"])
+    assert (
+        config["data"]["init_args"]["augment"] == best.params["data.augment"] and config["trainer"]["max_epochs"] == 1
+    )

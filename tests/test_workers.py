@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from project.data.datamodule import ShardDataModule
-from project.data.demo import make_demo
 from project.data.workers import proc_stat, start_forkserver, worker_context
+from project.tasks.image.data import ImageShards
+from project.tasks.image.demo import make_demo
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -51,7 +51,7 @@ def test_the_forkserver_ignores_sigterm_and_this_process_keeps_its_handler(demo)
         start_forkserver()
         assert signal.getsignal(signal.SIGTERM) is handler
         assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGTERM}
-        loader = ShardDataModule(root=str(demo), batch_size=8, num_workers=2, image_size=16).train_dataloader()
+        loader = ImageShards(root=str(demo), batch_size=8, num_workers=2, image_size=16).train_dataloader()
         iterator = iter(loader)
         next(iterator)
         workers = [worker.pid for worker in iterator._workers]
@@ -69,8 +69,8 @@ def test_the_forkserver_ignores_sigterm_and_this_process_keeps_its_handler(demo)
 def test_every_start_method_yields_the_same_batches(demo):
     keys = {}
     for method in ("forkserver", "spawn", "fork"):
-        module = ShardDataModule(root=str(demo), batch_size=8, num_workers=2, image_size=16, worker_start=method)
-        keys[method] = [key for batch in module.val_dataloader() for key in batch["key"]]
+        module = ImageShards(root=str(demo), batch_size=8, num_workers=2, image_size=16, worker_start=method)
+        keys[method] = [key for batch in module.val_dataloader() for key in batch.keys]
     assert keys["forkserver"] == keys["spawn"] == keys["fork"]
     assert len(keys["forkserver"]) == 16
 
@@ -82,18 +82,54 @@ def test_forkserver_falls_back_to_spawn_where_it_does_not_exist(monkeypatch):
     assert worker_context("forkserver").get_start_method() == "spawn"
 
 
-def test_the_module_run_with_python_m_is_preloaded_so_workers_do_not_import_it_again(monkeypatch):
+ENTRY_POINT = """
+import os, sys
+print("entry point ran in", os.getpid(), file=sys.stderr, flush=True)
+
+def main():
+    from project.tasks.image.data import ImageShards
+
+    data = ImageShards(root=sys.argv[1], batch_size=8, num_workers=2, image_size=16, augment="none")
+    for epoch in range(2):
+        for batch in data.val_dataloader():
+            assert len(batch) == 8
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_workers_start_without_running_the_entry_point_again_or_warning(demo, tmp_path):
+    """`python -m MODULE`: the forkserver runs MODULE once as __mp_main__, so its workers neither run it
+    again (it would import the entry point's dependencies in every worker of every epoch) nor warn that
+    it was "found in sys.modules" (24 times in a default run, when the server imported it by name)."""
+    (tmp_path / "my_entry.py").write_text(ENTRY_POINT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])]),
+           "PYTHONWARNINGS": "default"}  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "my_entry", str(demo)], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "found in sys.modules" not in result.stderr and "RuntimeWarning" not in result.stderr, result.stderr
+    runs = [line for line in result.stderr.splitlines() if line.startswith("entry point ran in")]
+    assert len(runs) == 2, runs  # the process itself, and the server once: not each of the 4 workers
+
+
+def test_the_server_preloads_the_stream_the_task_and_the_entry_point(monkeypatch):
     import importlib.machinery
     import types
 
-    from project.data.workers import PRELOAD, preload
+    from project.data.workers import MAIN_MODULE_VARIABLE, PRELOAD, preload
 
     main = types.ModuleType("__main__")
     main.__spec__ = importlib.machinery.ModuleSpec("project.train", None)
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert preload() == [*PRELOAD, "project.train"]
-    main.__spec__ = None  # a script run by path, or python -c
-    assert preload() == PRELOAD
+    monkeypatch.delenv(MAIN_MODULE_VARIABLE, raising=False)
+    modules = preload(["project.tasks.image.data"])
+    assert modules == [*PRELOAD, "project.tasks.image.data", "project.data.forkserver_main"]
+    assert os.environ[MAIN_MODULE_VARIABLE] == "project.train"
+    main.__spec__ = None  # a script run by path, or python -c: nothing to run in the server
+    preload()
+    assert MAIN_MODULE_VARIABLE not in os.environ
 
 
 @pytest.mark.parametrize(
@@ -118,8 +154,8 @@ def test_an_entry_point_starts_the_forkserver_early_unless_its_command_line_rule
 
 KILLED_TRAINER = """
 import sys, time
-from project.data.datamodule import ShardDataModule
-loader = ShardDataModule(root=sys.argv[1], batch_size=4, num_workers=2, image_size=16).train_dataloader()
+from project.tasks.image.data import ImageShards
+loader = ImageShards(root=sys.argv[1], batch_size=4, num_workers=2, image_size=16).train_dataloader()
 iterator = iter(loader)
 next(iterator)
 print(*[worker.pid for worker in iterator._workers], flush=True)

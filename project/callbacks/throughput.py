@@ -20,8 +20,8 @@ warnings.filterwarnings("ignore", message=".*need to define a `flops_per_batch`.
 
 
 def batch_samples(batch: Any) -> int:
-    """Samples in one of our batches ({"image", "label", ...})."""
-    return len(batch["label"])
+    """Samples in a batch: its rows (a `project.data.batch.Batch` knows its length)."""
+    return len(batch)
 
 
 class SpeedMonitor(ThroughputMonitor):

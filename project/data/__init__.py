@@ -1,1 +1,3 @@
-"""The data path: shards -> epoch plan -> stream -> DataLoader (see DESIGN.md)."""
+"""The streaming core: shards -> epoch plan -> read and shuffle -> a task's decode and collate -> batches.
+
+It knows no task (see docs/DESIGN.md); project/tasks/ holds the tasks, project/shards/ the tools that write shards."""

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
+from project.data.batch import Skipped
 from project.errors import ShardError
 
 log = logging.getLogger("project.data")
@@ -17,19 +18,16 @@ class SkipLedger:
     """Skipped samples of one pass (a stage's epoch) on one rank.
 
     Args:
-        stage: "train", "val" or "test", for messages.
+        stage: "train", "val", "test" or "predict", for messages.
+        epoch: the epoch of the pass: a new epoch needs a new ledger.
         planned: samples this rank reads in the pass, skipped ones included.
         max_fraction: the pass stops with a `ShardError` once more than this share of `planned` is skipped.
         warn_every: seconds between two warnings; skips in between are summed into the next one.
     """
 
-    def __init__(self, stage: str, planned: int, max_fraction: float, warn_every: float = 10.0) -> None:
-        self.stage, self.planned, self.max_fraction, self.warn_every = (
-            stage,
-            planned,
-            max_fraction,
-            warn_every,
-        )
+    def __init__(self, stage: str, epoch: int, planned: int, max_fraction: float, warn_every: float = 10.0) -> None:
+        self.stage, self.epoch, self.planned = stage, epoch, planned
+        self.max_fraction, self.warn_every = max_fraction, warn_every
         self.by_shard: Counter[str] = Counter()
         self.unwarned = 0
         self.last_warning = float("-inf")
@@ -38,7 +36,7 @@ class SkipLedger:
     def skipped(self) -> int:
         return sum(self.by_shard.values())
 
-    def record(self, skipped: Sequence[tuple[str, str, str]]) -> None:
+    def record(self, skipped: Sequence[Skipped]) -> None:
         """Count one batch's skipped samples (shard url, key, reason); warn or stop as needed."""
         if not skipped:
             return

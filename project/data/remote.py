@@ -17,10 +17,22 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
-from project.data.shards import is_remote, local_path
 from project.errors import ShardError, UserError
 
 NETWORK_ERRORS = (OSError, HTTPException, urllib.error.URLError)
+
+
+def is_remote(url: str) -> bool:
+    """True for URLs that open over a network or a command (http, s3, pipe:, ...), False for local paths."""
+    if url.startswith("pipe:"):
+        return True
+    scheme = urlparse(url).scheme
+    return len(scheme) > 1 and scheme != "file"
+
+
+def local_path(url: str) -> str:
+    """The path of a local url (`file:` or plain)."""
+    return urlparse(url).path if url.startswith("file:") else url
 
 
 class HTTPStream(io.RawIOBase):

@@ -1,11 +1,12 @@
 """Resolve a data spec (folder, shard index, glob, brace pattern, URL or list) into shards with counts.
 
 Pure apart from reading the index file and checking that local shards exist: no torch, no processes.
-The shard index is the wids format that webdataset's own tools write, plus our `classes` key:
+The shard index is the wids format that webdataset's own tools write, plus keys of the tools that wrote
+it beside the shard list (the image task's class names, a demo's settings), kept as `ShardIndex.extra`:
 
     {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "train",
      "shardlist": [{"url": "train-000000.tar", "nsamples": 1000, "filesize": 123456}, ...],
-     "classes": ["circle", "ring", ...]}
+     ...}
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urljoin, urlparse
+from urllib.parse import urljoin
 
 import braceexpand
 
+from project.data.remote import is_remote, local_path, open_url
+from project.data.samples import count_samples
 from project.errors import ShardError, UserError
 
 INDEX_NAME = "shardindex.json"
 INDEX_KIND = "wids-shard-index-v1"
+WIDS_KEYS = ("__kind__", "wids_version", "name", "shardlist")
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
@@ -39,27 +43,15 @@ class Shard:
 
 @dataclass
 class ShardIndex:
-    """An ordered list of shards, with the class names when the index records them."""
+    """An ordered list of shards, and what else the index records."""
 
     shards: list[Shard]
-    classes: list[str] | None = None
     name: str | None = None
+    extra: dict = field(default_factory=dict)  # the index's keys beyond the wids ones, for the tasks and tools
 
     @property
     def nsamples(self) -> int:
         return sum(shard.nsamples for shard in self.shards)
-
-
-def is_remote(url: str) -> bool:
-    """True for URLs that webdataset's gopen opens (http, s3 via pipe, ...), False for local paths."""
-    if url.startswith("pipe:"):
-        return True
-    scheme = urlparse(url).scheme
-    return len(scheme) > 1 and scheme != "file"
-
-
-def local_path(url: str) -> str:
-    return urlparse(url).path if url.startswith("file:") else url
 
 
 def _resolve_url(url: str, base: str) -> str:
@@ -72,8 +64,6 @@ def _resolve_url(url: str, base: str) -> str:
 
 
 def _read_text(url: str) -> str:
-    from project.data.remote import open_url
-
     with open_url(url) as stream:
         return stream.read().decode("utf-8")
 
@@ -96,13 +86,13 @@ def read_index(url: str, check_exists: bool = True) -> ShardIndex:
         for shard in shards:
             if not is_remote(shard.url) and not os.path.exists(local_path(shard.url)):
                 raise ShardError(f"shard index {url} names a missing shard: {shard.url}")
-    return ShardIndex(shards, data.get("classes"), data.get("name"))
+    extra = {key: value for key, value in data.items() if key not in WIDS_KEYS}
+    return ShardIndex(shards, data.get("name"), extra)
 
 
 def write_index(
     path: str | Path,
     shards: Sequence[Shard],
-    classes: Sequence[str] | None = None,
     name: str | None = None,
     extra: dict | None = None,
 ) -> Path:
@@ -122,9 +112,7 @@ def write_index(
         "name": name or folder.name,
         "shardlist": [{"url": relative(s.url), "nsamples": s.nsamples, "filesize": s.filesize} for s in shards],
     }
-    if classes is not None:
-        data["classes"] = list(classes)
-    data.update(extra or {})
+    data.update({key: value for key, value in (extra or {}).items() if key not in WIDS_KEYS})
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(temporary, path)  # a reader never sees a half-written index
@@ -142,17 +130,17 @@ def _expand(pattern: str) -> list[str]:
     return urls
 
 
-def _sibling_indexes(paths: list[str]) -> tuple[dict[str, Shard], list[str] | None]:
-    """Counts (and class names) for local shards from a shardindex.json in their folders, if any."""
+def _sibling_indexes(paths: list[str]) -> tuple[dict[str, Shard], dict]:
+    """Counts (and the other keys) for local shards from a shardindex.json in their folders, if any."""
     known: dict[str, Shard] = {}
-    classes = None
+    extra: dict = {}
     for folder in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
         index_path = os.path.join(folder, INDEX_NAME)
         if os.path.exists(index_path):
             index = read_index(index_path, check_exists=False)
             known.update((os.path.abspath(shard.url), shard) for shard in index.shards)
-            classes = classes or index.classes
-    return known, classes
+            extra = {**index.extra, **extra}  # the first folder's value of a key wins
+    return known, extra
 
 
 def _resolve_pattern(pattern: str, count: Callable[[str], int]) -> ShardIndex:
@@ -172,13 +160,13 @@ def _resolve_paths(urls: list[str], pattern: str, count: Callable[[str], int]) -
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ShardError(f"shard not found: {missing[0]}{more}")
-    known, classes = _sibling_indexes(urls)
+    known, extra = _sibling_indexes(urls)
     shards = []
     for url in urls:
         absolute = os.path.abspath(local_path(url))
         shard = known.get(absolute)
         shards.append(shard if shard else Shard(absolute, count(absolute), os.path.getsize(absolute)))
-    return ShardIndex(shards, classes)
+    return ShardIndex(shards, extra=extra)
 
 
 def _resolve_one(spec: str, count: Callable[[str], int]) -> ShardIndex:
@@ -208,9 +196,7 @@ def resolve_shards(spec: str | Sequence[str], count: Callable[[str], int] | None
             index, or a list of any of these.
         count: counts the samples of a local shard that no shard index describes (a tar header scan).
     """
-    if count is None:
-        from project.data.index import count_samples as count  # lazily: only needed without an index
-
+    count = count or count_samples
     specs = [spec] if isinstance(spec, str) else list(spec)
     if not specs:
         raise UserError("empty data spec: expected a folder, shard index, glob, brace pattern or URL")
@@ -218,6 +204,7 @@ def resolve_shards(spec: str | Sequence[str], count: Callable[[str], int] | None
     shards = [shard for part in parts for shard in part.shards]
     if not shards:
         raise UserError(f"no shards in {spec}")
-    classes = next((part.classes for part in parts if part.classes), None)
-    name = parts[0].name if len(parts) == 1 else None
-    return ShardIndex(shards, classes, name)
+    extra: dict = {}
+    for part in reversed(parts):  # the first part's value of a key wins
+        extra.update(part.extra)
+    return ShardIndex(shards, parts[0].name if len(parts) == 1 else None, extra)

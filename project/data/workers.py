@@ -19,25 +19,33 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 from typing import Literal
 
 StartMethod = Literal["forkserver", "spawn", "fork"]
-# imported once by the forkserver, so that each worker starts with the pipeline already loaded
-PRELOAD = ["project.data.workers", "project.data.pipeline", "project.data.transforms"]
+# imported once by the forkserver, so that each worker starts with the stream already loaded
+PRELOAD = ("project.data.workers", "project.data.stream")
+MAIN_MODULE_VARIABLE = "PROJECT_WORKERS_MAIN"  # read by project/data/forkserver_main.py, in the server
 
 
-def preload() -> list[str]:
-    """`PRELOAD` and the module run with `python -m`. A worker started by forkserver (or spawn) first runs
-    the main module again, as multiprocessing does so that what it defines unpickles; imported once in the
-    server, it costs the worker nothing, where `python -m project.train` would otherwise import Lightning
-    again in every worker of every epoch (0.8 s to the first batch instead of 0.08 s on 2 cores). A script
-    run by path is not preloaded (its import could fail in the server): keep its heavy imports in main().
+def preload(modules: Sequence[str] = ()) -> list[str]:
+    """What the forkserver imports once, before it forks any worker: the stream, `modules` (a task's
+    decode and collate), and last `project.data.forkserver_main`, which runs the entry point's module there.
+
+    A worker started by forkserver (or spawn) first runs the main module (`python -m project.train`) again
+    as `__mp_main__`, as multiprocessing does so that what it defines unpickles. Run once in the server, it
+    costs each worker nothing: multiprocessing skips it in a child whose `__main__` is that module already.
+    (Importing it under its own name instead made every worker warn that it was "found in sys.modules".)
     """
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
-    return [*PRELOAD, *([name] if name and not name.endswith("__main__") else [])]
+    if name and not name.endswith("__main__"):
+        os.environ[MAIN_MODULE_VARIABLE] = name  # the server inherits this process's environment
+    else:
+        os.environ.pop(MAIN_MODULE_VARIABLE, None)  # a script run by path, or python -c: nothing to preload
+    return list(dict.fromkeys([*PRELOAD, *modules, "project.data.forkserver_main"]))
 
 
 def ignore_sigterm(worker_id: int) -> None:
@@ -101,7 +109,7 @@ def default_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def as_is(batch: dict) -> dict:
+def as_is(batch: object) -> object:
     """The stream's batches as they are (a module-level function, so that workers can unpickle it)."""
     return batch
 
@@ -121,11 +129,12 @@ def warm_forkserver() -> None:
     process.join()
 
 
-def start_forkserver_for(args: list[str]) -> None:
+def start_forkserver_for(args: list[str], modules: Sequence[str] = ()) -> None:
     """Start the forkserver first thing in an entry point, so that its imports run beside the trainer's own
-    (some 3 s each here) instead of delaying the first batch by 2-3 s; unless `workers_unlikely(args)`."""
+    (some 3 s each here) instead of delaying the first batch by 2-3 s; unless `workers_unlikely(args)`.
+    `modules` are preloaded in the server too (see `preload`)."""
     if not workers_unlikely(args):
-        start_forkserver()
+        start_forkserver(modules)
 
 
 def workers_unlikely(args: list[str]) -> bool:
@@ -144,9 +153,10 @@ def workers_unlikely(args: list[str]) -> bool:
     )
 
 
-def start_forkserver() -> bool:
+def start_forkserver(modules: Sequence[str] = ()) -> bool:
     """Start this process's forkserver, if it is not running, ignoring SIGTERM like the workers it forks;
-    False where there is no forkserver (Windows).
+    False where there is no forkserver (Windows). `modules` are preloaded in it (see `preload`) when this
+    call starts it.
 
     A preemption signals every process of the job: a forkserver killed by it would take its workers with
     it (each stops when its parent goes) before the trainer has saved its checkpoint. The server still
@@ -162,7 +172,7 @@ def start_forkserver() -> bool:
     if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's
         forkserver.ensure_running()
         return True
-    multiprocessing.get_context("forkserver").set_forkserver_preload(preload())  # read only at the start
+    multiprocessing.get_context("forkserver").set_forkserver_preload(preload(modules))  # read only at the start
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # exec keeps only ignored signals

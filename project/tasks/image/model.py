@@ -11,12 +11,15 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
-from torchmetrics import MeanMetric, SumMetric
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 from torchvision.transforms import v2
 
-from project.models.backbones import build_backbone
+from project.tasks.image.backbones import build_backbone
+from project.tasks.image.batch import ImageBatch
+from project.tasks.image.report import CONFUSION_IMAGE_UP_TO, batch_grid, render_confusion_matrix
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -94,13 +97,12 @@ class ImageClassifier(L.LightningModule):
             {f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro") for stage in ("train", "val", "test")}
         )
         self.mean_loss = nn.ModuleDict({f"{stage}_loss": MeanMetric() for stage in ("val", "test")})
-        # samples the data stream could not read (see ShardDataModule.max_skipped_fraction)
-        self.skipped = nn.ModuleDict({f"{stage}_skipped": SumMetric() for stage in ("train", "val", "test")})
         self.confusion = MulticlassConfusionMatrix(num_classes)  # test only; synced across ranks
         mixes = [v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []
         mixes += [v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else []
         self.mix = v2.RandomChoice(mixes) if mixes else None
         self.example_input_array = torch.zeros(2, 3, image_size, image_size, dtype=torch.uint8)
+        self._batch_logged = False
 
     # -- forward -------------------------------------------------------------------------------------
 
@@ -133,8 +135,12 @@ class ImageClassifier(L.LightningModule):
 
     # -- steps ---------------------------------------------------------------------------------------
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        images, labels = self.normalize(batch["image"]), batch["label"]
+    def inputs_and_targets(self, batch: ImageBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """What `forward` takes from a batch, and what its output is scored against (export, bench)."""
+        return batch.image, batch.label
+
+    def training_step(self, batch: ImageBatch, batch_idx: int) -> torch.Tensor:
+        images, labels = self.normalize(batch.image), batch.label
         targets = labels
         if self.mix is not None:
             # seeded by step and rank, so that a resumed run mixes exactly as the uninterrupted one
@@ -144,27 +150,24 @@ class ImageClassifier(L.LightningModule):
                 images, targets = self.mix(images, labels)
         logits = self.head(self.backbone(images))
         loss = F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
-        self._log_stage("train", logits, labels, loss, batch)
+        self._log_stage("train", logits, labels, loss)
         return loss
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        logits = self(batch["image"])
-        loss = F.cross_entropy(logits, batch["label"], label_smoothing=self.hparams.label_smoothing)
-        self._log_stage("val", logits, batch["label"], loss, batch)
+    def validation_step(self, batch: ImageBatch, batch_idx: int) -> None:
+        logits = self(batch.image)
+        loss = F.cross_entropy(logits, batch.label, label_smoothing=self.hparams.label_smoothing)
+        self._log_stage("val", logits, batch.label, loss)
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
-        logits = self(batch["image"])
-        loss = F.cross_entropy(logits, batch["label"], label_smoothing=self.hparams.label_smoothing)
-        self.confusion.update(logits, batch["label"])
-        self._log_stage("test", logits, batch["label"], loss, batch)
+    def test_step(self, batch: ImageBatch, batch_idx: int) -> None:
+        logits = self(batch.image)
+        loss = F.cross_entropy(logits, batch.label, label_smoothing=self.hparams.label_smoothing)
+        self.confusion.update(logits, batch.label)
+        self._log_stage("test", logits, batch.label, loss)
 
-    def _log_stage(self, stage: str, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor, batch: dict):  # noqa: ANN202
+    def _log_stage(self, stage: str, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
         accuracy = self.metrics[f"{stage}_acc"]
         accuracy(logits, labels)
         size = len(labels)
-        skipped = self.skipped[f"{stage}_skipped"]
-        skipped.update(float(len(batch.get("skipped", ()))))
-        self.log(f"{stage}/skipped", skipped, on_step=False, on_epoch=True, batch_size=size)
         if stage == "train":
             self.log("train/loss", loss, prog_bar=True, batch_size=size)
             self.log("train/acc", accuracy, on_step=False, on_epoch=True, batch_size=size)
@@ -174,15 +177,30 @@ class ImageClassifier(L.LightningModule):
             self.log(f"{stage}/loss", self.mean_loss[f"{stage}_loss"], prog_bar=True, batch_size=size)
             self.log(f"{stage}/acc", accuracy, prog_bar=True, batch_size=size)
 
+    def on_train_batch_start(self, batch: ImageBatch, batch_idx: int) -> None:
+        """The first training batch of a fit, as the model sees it, as an image grid in TensorBoard."""
+        if not self._batch_logged and (logger := self._tensorboard()) is not None:
+            logger.experiment.add_image("train/first_batch", batch_grid(batch.image), self.global_step)
+        self._batch_logged = True
+
     def on_test_epoch_end(self) -> None:
-        matrix = self.confusion.compute()  # identical on every rank
-        self.test_confusion = matrix.cpu()  # read by the TensorBoard report callback
+        matrix = self.confusion.compute().cpu()  # identical on every rank
+        self.confusion.reset()
+        names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
         if self.hparams.num_classes <= PER_CLASS_SCALARS_UP_TO:
-            names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
             per_class = matrix.diag() / matrix.sum(1).clamp(min=1)
             for name, value in zip(names, per_class.tolist(), strict=True):
                 self.log(f"test/acc_class/{name}", value, sync_dist=False, rank_zero_only=True)
-        self.confusion.reset()
+        logger = self._tensorboard()
+        if logger is not None and len(matrix) <= CONFUSION_IMAGE_UP_TO:
+            logger.experiment.add_image("test/confusion_matrix", render_confusion_matrix(matrix, names), 0)
+            logger.experiment.flush()
+
+    def _tensorboard(self) -> TensorBoardLogger | None:
+        """The run's TensorBoard logger, on global rank zero only (images are written once)."""
+        if self._trainer is None or not self.trainer.is_global_zero:
+            return None
+        return next((logger for logger in self.loggers if isinstance(logger, TensorBoardLogger)), None)
 
     # -- optimization --------------------------------------------------------------------------------
 

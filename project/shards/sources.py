@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from project.data.samples import read_samples
+from project.data.shards import resolve_shards
 from project.errors import UserError
+from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_label, index_classes
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -137,24 +140,20 @@ def _targets(dataset: Any) -> list[int]:
 
 def tar_shards(spec: str) -> tuple[list[Record], list[str]]:
     """Samples of existing shards (re-shard or re-split them), with their labels."""
-    from project.data.decode import IMAGE_EXTENSIONS, decode_label
-    from project.data.pipeline import read_samples
-    from project.data.shards import resolve_shards
-
     index = resolve_shards(spec)
     found: list[tuple[str, str, str, str, int]] = []  # url, key, image member, label text, size
     for shard in index.shards:
-        for sample in read_samples(shard.url):
+        for sample in read_samples(shard.url, extensions=WANTED_EXTENSIONS):
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if extension is None:
                 continue
             try:
-                label = str(decode_label(sample, index.classes))
+                label = str(decode_label(sample, index_classes(index)))
             except ValueError:
                 continue  # `index` lists such samples; prepare keeps only the usable ones
             found.append((shard.url, sample["__key__"], extension, label, len(sample[extension])))
     labels, classes = labels_to_classes([label for *_, label, _ in found])
-    classes = index.classes or classes
+    classes = index_classes(index) or classes
     records = [Record(sanitize_key(key), label, "tar", (url, key, ext), size)
                for (url, key, ext, _, size), label in zip(found, labels, strict=True)]  # fmt: skip
     return records, classes
@@ -179,8 +178,7 @@ def read_record(record: Record) -> tuple[bytes, str]:
             with open(url, "rb") as stream:
                 stream.seek(start)
                 return stream.read(size), extension
-        from project.data.pipeline import read_samples  # compressed or remote: read through (slow)
-
+        # compressed or remote: read through (slow)
         for sample in read_samples(url, extensions=frozenset({extension})):
             if sample["__key__"] == key:
                 return sample[extension], extension

@@ -1,4 +1,5 @@
-"""Safe decoding of one sample: only images, labels and .npy arrays, and nothing is ever unpickled.
+"""Safe decoding of one image classification sample: only images, labels and .npy arrays, and nothing is
+ever unpickled.
 
 webdataset's `.decode()` always appends its `basichandlers`, which unpickle `.pyd`/`.pickle` members, so a
 shard could run code in the reader; we decode the few extensions we mean to and ignore every other one.
@@ -15,17 +16,14 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torchvision.io import ImageReadMode
 
-from project.errors import ShardError
+from project.data.shards import ShardIndex
+from project.errors import DecodeError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "txt", "json")
 ARRAY_EXTENSIONS = ("npy",)
 WANTED_EXTENSIONS = frozenset(IMAGE_EXTENSIONS + LABEL_EXTENSIONS + ARRAY_EXTENSIONS)
 JSON_LABEL_FIELDS = ("label", "cls", "class")
-
-
-class DecodeError(ShardError):
-    """A sample whose image or label cannot be decoded."""
 
 
 def _where(sample: dict) -> str:
@@ -93,24 +91,44 @@ def decode_array(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-def decode_label(sample: dict, classes: Sequence[str] | None = None) -> int:
-    """The integer label from `.cls` (integer text), `.txt` (integer or class name) or `.json`."""
+def index_classes(index: ShardIndex) -> list[str] | None:
+    """The class names a shard index records (under "classes", beside the shard list), if any."""
+    names = index.extra.get("classes")
+    return [str(name) for name in names] if isinstance(names, list) else None
+
+
+def label_text(sample: dict) -> str:
+    """The label as written: the text of `.cls` or `.txt`, or the label field of `.json`."""
     for extension in LABEL_EXTENSIONS:
         if extension in sample:
             text = sample[extension].decode("utf-8").strip()
-            if extension == "json":
-                record = json.loads(text)
-                value = next((record[f] for f in JSON_LABEL_FIELDS if f in record), None)
-                if value is None:
-                    raise ValueError(f"no {'/'.join(JSON_LABEL_FIELDS)} field in its .json")
-                text = str(value)
-            try:
-                return int(text)
-            except ValueError:
-                if classes is not None and text in classes:
-                    return list(classes).index(text)
-                raise ValueError(f"label {text!r} is neither an integer nor a known class name") from None
+            if extension != "json":
+                return text
+            record = json.loads(text)
+            value = next((record[f] for f in JSON_LABEL_FIELDS if f in record), None)
+            if value is None:
+                raise ValueError(f"no {'/'.join(JSON_LABEL_FIELDS)} field in its .json")
+            return str(value)
     raise ValueError(f"no label member (.{', .'.join(LABEL_EXTENSIONS)})")
+
+
+class UnknownLabel(ValueError):
+    """A label that is neither an integer nor one of the known class names."""
+
+
+def label_index(text: str, classes: Sequence[str] | None = None) -> int:
+    """The class index of a label text: an integer, or the position of a class name in `classes`."""
+    try:
+        return int(text)
+    except ValueError:
+        if classes is not None and text in classes:
+            return list(classes).index(text)
+        raise UnknownLabel(f"label {text!r} is neither an integer nor a known class name") from None
+
+
+def decode_label(sample: dict, classes: Sequence[str] | None = None) -> int:
+    """The integer label from `.cls` (integer text), `.txt` (integer or class name) or `.json`."""
+    return label_index(label_text(sample), classes)
 
 
 def decode_sample(

@@ -6,6 +6,7 @@ pinned memory than with float32 images.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -52,3 +53,22 @@ def build_transform(preset: Preset, image_size: int, train: bool) -> v2.Compose:
     else:
         raise ValueError(f"unknown augmentation preset {preset!r}: expected none, light, standard or strong")
     return v2.Compose(steps)
+
+
+def pixels(image: Image.Image | np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A decoded image as a uint8 CHW tensor (a view of an HWC array: the batch copy makes it contiguous)."""
+    if isinstance(image, torch.Tensor):
+        return image  # already CHW uint8 (decode_jpeg_pixels)
+    if isinstance(image, Image.Image) and image.mode == "RGB":
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1)  # 3x less than pil_to_tensor for small images
+    return to_uint8_tensor(image)
+
+
+def transform_all(transform: Callable[[torch.Tensor], torch.Tensor], images: list[torch.Tensor]) -> torch.Tensor:
+    """The batch of transformed images: `transform` applied to each image, or once to the stacked batch
+    when it is deterministic (resize and center crop) and the images share a size."""
+    steps = transform.transforms if isinstance(transform, v2.Compose) else [transform]
+    deterministic = all(isinstance(step, (v2.Resize, v2.CenterCrop)) for step in steps)
+    if len(images) > 1 and deterministic and len({image.shape for image in images}) == 1:
+        return transform(torch.stack(images)).contiguous()
+    return torch.stack([transform(image) for image in images])

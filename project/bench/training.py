@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback
 
+from project.cli import ProjectCLI
 from project.errors import UserError
 
 
@@ -41,8 +42,6 @@ def steady_rate(times: list[float], batch_size: int) -> float:
 
 def template_run(root: str, index: Path, workers: int, steps: int, logs: Path, image_size: int):  # noqa: ANN201
     """The Trainer, model and data module as `project.train` builds them, for `steps` training steps."""
-    from project.cli import ProjectCLI
-
     args = [
         f"--data.root={root}",
         f"--data.image_size={image_size}",
@@ -82,9 +81,8 @@ def hand_loop_rate(model: torch.nn.Module, data, steps: int, device: torch.devic
     for step, batch in enumerate(data.train_dataloader()):
         if step == steps:
             break
-        images = batch["image"].to(device, non_blocking=True)
-        labels = batch["label"].to(device, non_blocking=True)
-        loss = F.cross_entropy(model(images), labels)
+        inputs, targets = (tensor.to(device, non_blocking=True) for tensor in model.inputs_and_targets(batch))
+        loss = F.cross_entropy(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -16,7 +16,6 @@ far less work than a full-size decode on any device.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 
 import torch
 from torchvision import transforms as v1
@@ -24,53 +23,14 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
-from project.data.decode import IMAGE_EXTENSIONS, DecodeError, decode_image, decode_label
-from project.data.transforms import Preset, build_transform, to_uint8_tensor
+from project.data.batch import Skipped
+from project.errors import DecodeError
+from project.tasks.image.batch import EncodedImageBatch, ImageBatch
+from project.tasks.image.decode import decode_image
+from project.tasks.image.transforms import Preset, build_transform, to_uint8_tensor
 
-JPEG_MAGIC = b"\xff\xd8\xff"
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; decode_jpeg still works
 warnings.filterwarnings("ignore", message=".*image decoding and encoding capabilities of TorchVision.*")
-
-
-def deferred_jpeg(sample: dict, classes: Sequence[str] | None = None) -> tuple[str, str, bytes, int] | None:
-    """(shard url, key, JPEG bytes, label) when the sample's image is a JPEG, else None (decode it here).
-
-    The label is decoded now: a sample without a valid label raises `DecodeError` in the worker, as it
-    would with CPU decoding.
-    """
-    extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
-    if extension not in ("jpg", "jpeg") or not sample[extension].startswith(JPEG_MAGIC):
-        return None  # PNG, WebP, arrays, or a mislabelled file: the worker decodes it
-    try:
-        label = decode_label(sample, classes)
-    except (ValueError, UnicodeDecodeError) as error:
-        where = f"sample {sample.get('__key__')!r} in shard {sample.get('__url__')}"
-        raise DecodeError(f"cannot decode {where}: {error}") from None
-    return sample["__url__"], sample["__key__"], sample[extension], label
-
-
-def collate_deferred(
-    images: torch.Tensor | None,
-    labels: list[int],
-    keys: list[str],
-    deferred: list[tuple[str, str, bytes, int]],
-    skipped: Sequence[tuple[str, str, str]],
-    augment_seed: int | None,
-) -> dict:
-    """A batch whose "image" holds the worker-decoded images (None if there are none) and whose "jpeg"
-    holds the (shard url, bytes) of the others; labels and keys list the worker-decoded samples first.
-
-    `augment_seed` (None for evaluation) seeds the device's random crops and flips, so they are the same
-    on resume. Bytes, not tensors: Lightning leaves them on the CPU, where `decode_jpeg` wants its input.
-    """
-    return {
-        "image": images,
-        "label": torch.tensor(labels + [d[3] for d in deferred], dtype=torch.long),
-        "key": keys + [d[1] for d in deferred],
-        "skipped": list(skipped),
-        "jpeg": [(url, data) for url, _, data, _ in deferred],
-        "augment_seed": augment_seed,
-    }
 
 
 class DeviceDecoder:
@@ -92,29 +52,28 @@ class DeviceDecoder:
         rest = [step for step in train_steps if not isinstance(step, batched)]
         self.per_image = v2.Compose(rest) if rest else None
 
-    def __call__(self, batch: dict) -> tuple[dict, list[tuple[str, str, str]]]:
-        """The batch with every image decoded (uint8 [B, 3, S, S] on the device) and "jpeg" removed,
-        and the (shard url, key, reason) of the deferred samples that could not be decoded (left out)."""
-        labels = batch["label"]
-        device = labels.device
-        cpu_count = 0 if batch["image"] is None else len(batch["image"])
-        decoded, failures = decode_on_device([data for _, data in batch["jpeg"]], device)
-        keep = [True] * cpu_count + [image is not None for image in decoded]
-        keys = batch["key"]
-        skipped = [(batch["jpeg"][i][0], keys[cpu_count + i], failures[i]) for i in sorted(failures)]
+    def __call__(self, batch: EncodedImageBatch) -> tuple[ImageBatch, list[Skipped]]:
+        """The batch with every image decoded (uint8 [B, 3, S, S] on the device), and the samples whose
+        JPEG could not be decoded (left out of it)."""
+        device = batch.label.device
+        decoded, failures = decode_on_device(batch.jpegs, device)
+        skipped = [Skipped(batch.jpeg_urls[i], batch.keys[batch.jpeg_rows[i]], failures[i]) for i in sorted(failures)]
         images = [image for image in decoded if image is not None]
-        parts = [] if batch["image"] is None else [batch["image"]]
+        rows = [row for row, image in zip(batch.jpeg_rows, decoded, strict=True) if image is not None]
+        if not images and batch.image is None:
+            raise DecodeError(f"every sample of a batch was undecodable; the first: {skipped[0].reason}")
+        output = None
         if images:
-            seed = batch["augment_seed"]
-            parts.append(self._resize_center(images) if seed is None else self._augment(images, seed))
-        if not parts:
-            raise DecodeError(f"every sample of a batch was undecodable; the first: {skipped[0][2]}")
-        result = {key: value for key, value in batch.items() if key not in ("jpeg", "augment_seed")}
-        result["image"] = torch.cat(parts)
-        if skipped:
-            result["label"] = labels[torch.tensor(keep, device=device)]
-            result["key"] = [key for key, kept in zip(keys, keep, strict=True) if kept]
-            result["skipped"] = list(batch["skipped"]) + skipped
+            seed = batch.augment_seed
+            output = self._resize_center(images) if seed is None else self._augment(images, seed)
+        order = sorted(batch.image_rows + rows)  # the kept rows, in the batch's order
+        parts = [part for part in (batch.image, output) if part is not None]
+        stacked = torch.cat(parts)
+        position = {row: i for i, row in enumerate(batch.image_rows + rows)}
+        image = stacked[torch.tensor([position[row] for row in order], device=stacked.device)]
+        keep = torch.tensor(order, device=device)
+        result = ImageBatch(image=image, label=batch.label[keep], keys=[batch.keys[row] for row in order],
+                            skipped=[*batch.skipped, *skipped])  # fmt: skip
         return result, skipped
 
     def _resize_center(self, images: list[torch.Tensor]) -> torch.Tensor:

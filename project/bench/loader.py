@@ -1,0 +1,155 @@
+"""(a) to (d) of `python -m project.bench`: the decode limit, the project's loader, torchvision's ImageFolder,
+and the loader's peak memory, each on the same samples."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import time
+from pathlib import Path
+
+from project.data.shards import INDEX_NAME, Shard, write_index
+from project.data.workers import proc_stat, worker_context
+from project.tasks.image.data import ImageShards
+from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_label, decode_sample
+from project.tasks.image.transforms import build_transform, pixels
+
+
+def subset_index(shards: list[Shard], samples: int, extra: dict, folder: Path, copies: int = 1) -> Path:
+    """A shard index of the first shards holding at least `samples` samples, listed `copies` times over
+    (a dataset `copies` times as large that uses no more disk), with the index keys `extra` (class names)."""
+    chosen, total = [], 0
+    for shard in shards:
+        if total >= samples:
+            break
+        chosen.append(shard)
+        total += shard.nsamples
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_index(folder / INDEX_NAME, chosen * copies, name=folder.name, extra=extra)
+
+
+def _decode_all(samples: list[dict], size: int) -> None:
+    for sample in samples:
+        image, _ = decode_sample(sample, size)
+        pixels(image)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that have exited (workers, once joined)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own_cpu_seconds() + children.ru_utime + children.ru_stime
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def decode_rate(samples: list[dict], processes: int, size: int) -> tuple[float, float]:
+    """(samples/s, CPU microseconds per sample) of bare decoding by `processes` forked processes, each
+    with an equal share."""
+    context = multiprocessing.get_context("fork")  # the cheapest start: this bounds the loader from above
+    start, cpu = time.perf_counter(), cpu_seconds()
+    workers = [context.Process(target=_decode_all, args=(samples[i::processes], size)) for i in range(processes)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if any(worker.exitcode for worker in workers):
+        raise RuntimeError("a decoding process failed")
+    return len(samples) / (time.perf_counter() - start), (cpu_seconds() - cpu) / len(samples) * 1e6
+
+
+# (b) the project's loader, (c) ImageFolder ----------------------------------------------------------
+
+
+def make_datamodule(index: Path, workers: int, settings: dict) -> ImageShards:
+    return ImageShards(root=None, train=str(index), num_workers=workers, pin_memory=False, **settings)
+
+
+def loader_rate(index: Path, workers: int, settings: dict) -> tuple[float, float]:
+    """(samples/s, CPU microseconds per sample in the main process and the workers) of one training
+    epoch of the project's loader, from iter() to its last batch.
+
+    The workers start from the forkserver, so they are not this process's children and RUSAGE_CHILDREN
+    never sees them: their CPU time is read from /proc as the last batch arrives, when they are done.
+    """
+    loader = make_datamodule(index, workers, settings).train_dataloader()
+    batches = len(loader.dataset)
+    start, own, count, worker_cpu = time.perf_counter(), own_cpu_seconds(), 0, 0.0
+    iterator = iter(loader)
+    for number, batch in enumerate(iterator, 1):
+        count += len(batch)
+        if number == batches:
+            worker_cpu = workers_cpu_seconds(iterator)
+    rate = count / (time.perf_counter() - start)
+    return rate, (own_cpu_seconds() - own + worker_cpu) / count * 1e6
+
+
+def workers_cpu_seconds(iterator: object) -> float:
+    """CPU seconds so far of a DataLoader iterator's worker processes (Linux /proc; 0 elsewhere)."""
+    total = 0.0
+    for worker in getattr(iterator, "_workers", []):
+        try:
+            fields = proc_stat(worker.pid)
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
+def write_image_folder(samples: list[dict], folder: Path) -> Path:
+    """The samples' images as files in an ImageFolder tree, folder/<label>/<key>.<extension>."""
+    for sample in samples:
+        extension = next(e for e in IMAGE_EXTENSIONS if e in sample)
+        label_folder = folder / f"{decode_label(sample):05d}"
+        label_folder.mkdir(parents=True, exist_ok=True)
+        (label_folder / f"{sample['__key__'].replace('/', '_')}.{extension}").write_bytes(sample[extension])
+    return folder
+
+
+def imagefolder_rate(folder: Path, workers: int, settings: dict) -> float:
+    """Samples/s of one shuffled epoch of torchvision's ImageFolder through a DataLoader."""
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import v2
+
+    transform = v2.Compose([v2.PILToTensor(), build_transform(settings["augment"], settings["image_size"], True)])
+    dataset = ImageFolder(str(folder), transform=transform)
+    loader = DataLoader(dataset, batch_size=settings["batch_size"], shuffle=True, num_workers=workers)
+    start, count = time.perf_counter(), 0
+    for _, labels in loader:
+        count += len(labels)
+    return count / (time.perf_counter() - start)
+
+
+# (d) peak memory ------------------------------------------------------------------------------------
+
+
+def _peak_rss_child(index: str, workers: int, settings: dict, results: multiprocessing.Queue) -> None:
+    # fork: the workers must be this process's children to count in RUSAGE_CHILDREN; it has no threads
+    for _ in make_datamodule(Path(index), workers, {**settings, "worker_start": "fork"}).train_dataloader():
+        pass
+    kilobytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports kB
+    if workers:  # the workers have exited: their peaks are in RUSAGE_CHILDREN (the largest one's)
+        kilobytes += workers * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    results.put(kilobytes / 1024)
+
+
+def peak_rss_mb(indexes: list[Path], workers: int, settings: dict) -> list[float]:
+    """Peak RSS in MB of one epoch of the loader over each index, each in a fresh process.
+
+    The processes fork from the DataLoader workers' forkserver, which has imported the data pipeline and
+    nothing else, so they start alike and inherit none of this process's memory (spawning each would
+    import torch each time).
+    """
+    context = worker_context("forkserver")
+    results = context.Queue()
+    peaks = []
+    for index in indexes:
+        child = context.Process(target=_peak_rss_child, args=(str(index), workers, settings, results))
+        child.start()
+        peaks.append(results.get())
+        child.join()
+    return peaks

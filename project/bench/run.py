@@ -1,0 +1,146 @@
+"""Measure the input pipeline and the training loop side by side, in one run, on the same shards.
+
+    python -m project.bench [--data DIR] [--workers N] [--json] [--repeats R] [--samples N] [--steps N]
+                            [--image-size S] [--quick]
+
+On the training split of DIR (the demo's by default, built if missing), with the data settings of
+configs/default.yaml:
+
+  (a) decode limit: bare decoding (image bytes to uint8 pixels, and the label) of the same encoded
+      samples, held in memory, by N forked processes: what the loader could reach with nothing else to do;
+  (b) the project's train loader (ShardDataModule, N workers), and the same with 1 and 2 workers;
+  (c) torchvision's ImageFolder + DataLoader on the same images written out as files, same transform,
+      same N workers;
+  (d) the loader's peak memory over a dataset of S and of 8S samples (the same shards listed 8 times),
+      each in a fresh process: the kernel's peak RSS (getrusage) of the main process plus N times that
+      of the largest worker, an upper bound of their simultaneous total;
+  (e) training samples/s of the template (the Lightning Trainer, ImageClassifier and ShardDataModule as
+      `project.train` builds them) against a minimal hand-written PyTorch loop (forward, loss, backward,
+      AdamW step) on the same model and the same batches, timed from the end of the first step; both
+      with the intra-op threads the workers leave (cores - N, at least 1).
+
+Each figure is the median of R repeats, run interleaved so that a busy machine slows all of them alike.
+With --json the last line is one JSON object: every run's figure, the medians and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import yaml
+
+from project.bench.loader import (
+    decode_rate,
+    imagefolder_rate,
+    loader_rate,
+    peak_rss_mb,
+    subset_index,
+    write_image_folder,
+)
+from project.bench.report import summarize, table
+from project.bench.training import template_rate
+from project.cli import DEFAULT_CONFIG, share_cores_with_workers
+from project.data.samples import read_samples
+from project.data.shards import resolve_shards
+from project.data.workers import warm_forkserver
+from project.errors import UserError
+from project.tasks.image.data import DEMO_ROOT, ensure_demo
+
+# the template run trains without validation
+warnings.filterwarnings("ignore", message=".*could not find the monitored key.*")
+
+
+def data_settings() -> dict:
+    """The data section of configs/default.yaml: batch size, image size, augmentation, shuffle buffer, seed."""
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())["data"]["init_args"]
+    keys = ("batch_size", "image_size", "augment", "shuffle_buffer", "seed")
+    return {key: data[key] for key in keys if key in data}
+
+
+def measure(args: argparse.Namespace, scratch: Path) -> dict:
+    """Every figure of the benchmark: {name: [one value per repeat]}, plus the settings used."""
+    settings = data_settings()
+    if args.image_size is not None:
+        settings["image_size"] = args.image_size
+    train = resolve_shards(str(Path(args.data) / "train"))
+    index = subset_index(train.shards, args.samples, train.extra, scratch / "train")
+    samples = [sample for shard in resolve_shards(str(index)).shards for sample in read_samples(shard.url)]
+    folder = write_image_folder(samples, scratch / "imagefolder")
+    workers, size = args.workers, settings["image_size"]
+    names = ("decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2", "imagefolder")
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    warm_forkserver()  # its one-time start (importing the pipeline) is not part of any epoch
+    for _ in range(args.repeats):
+        for name, (rate, cpu) in (
+            ("decode", decode_rate(samples, max(1, workers), size)),
+            ("loader", loader_rate(index, workers, settings)),
+        ):
+            runs[name].append(rate)
+            runs[f"{name}_cpu_us"].append(cpu)
+        runs["loader_1"].append(loader_rate(index, 1, settings)[0] if workers != 1 else runs["loader"][-1])
+        runs["loader_2"].append(loader_rate(index, 2, settings)[0] if workers != 2 else runs["loader"][-1])
+        runs["imagefolder"].append(imagefolder_rate(folder, workers, settings))
+    rss_samples = max(1, args.samples // 4)
+    small = subset_index(train.shards, rss_samples, train.extra, scratch / "rss-small")
+    large = subset_index(train.shards, rss_samples, train.extra, scratch / "rss-large", copies=8)
+    small_mb, large_mb = peak_rss_mb([small, large], workers, settings)
+    runs["rss_small_mb"], runs["rss_large_mb"] = [small_mb], [large_mb]
+    runs["template"], runs["hand_loop"] = [], []
+    threads = torch.get_num_threads()
+    share_cores_with_workers(workers)  # as project.train does on a CPU; the hand loop runs with the same
+    try:
+        for repeat in range(args.repeats):
+            logs = scratch / f"logs{repeat}"
+            template, hand_loop = template_rate(args.data, index, workers, args.steps, logs, size)
+            runs["template"].append(template)
+            runs["hand_loop"].append(hand_loop())
+        training_threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "data": str(args.data),
+        "workers": workers,
+        "training_threads": training_threads,
+        "repeats": args.repeats,
+        "samples": len(samples),
+        "rss_samples": [resolve_shards(str(small)).nsamples, resolve_shards(str(large)).nsamples],
+        "steps": args.steps,
+        "settings": settings,
+        "runs": runs,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m project.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default="data/demo", help="a folder with a train/ split (default: the demo)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers and decoding processes")
+    parser.add_argument("--json", action="store_true", help="end with one line of JSON: figures and ratios")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of each measurement (medians)")
+    parser.add_argument("--samples", type=int, default=20000, help="training samples the loaders read")
+    parser.add_argument("--steps", type=int, default=60, help="training steps of (e)")
+    parser.add_argument("--image-size", type=int, default=None, help="training image size (default: the config's)")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, 512 samples, 6 steps: a smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.samples, args.steps = 1, min(args.samples, 512), min(args.steps, 6)
+    if args.workers < 0 or args.repeats < 1 or args.samples < 1 or args.steps < 2:
+        raise UserError("--workers must be >= 0, --repeats and --samples >= 1, --steps >= 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if Path(args.data).resolve() == DEMO_ROOT.resolve():
+        ensure_demo(DEMO_ROOT)
+    elif not (Path(args.data) / "train").is_dir():
+        raise UserError(f"--data {args.data}: no train/ folder with shards in it")
+    with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+        result = summarize(measure(args, Path(scratch)))
+    print(table(result))
+    if args.json:
+        print(json.dumps(result))

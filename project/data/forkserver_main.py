@@ -1,0 +1,21 @@
+"""Imported by the DataLoader workers' forkserver alone, last of its preload list (`workers.preload`): run
+the entry point's module once there as `__mp_main__`, as each worker would otherwise do on its own start.
+
+multiprocessing skips that step in a child whose `__main__` already is the module it names, so the workers
+forked from this server start without running (and importing) the entry point again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from multiprocessing import spawn
+
+from project.data.workers import MAIN_MODULE_VARIABLE
+
+_name = os.environ.get(MAIN_MODULE_VARIABLE)
+if _name and getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) != _name:
+    try:
+        spawn._fixup_main_from_name(_name)  # noqa: SLF001 - what each worker's start would call
+    except Exception as error:  # noqa: BLE001 - the workers then run it themselves, as before
+        print(f"warning: the workers' server could not preload {_name}: {error}", file=sys.stderr)

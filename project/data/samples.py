@@ -1,0 +1,86 @@
+"""Read one shard's samples: tar members in order, grouped by key into {"__key__", "__url__", ext: bytes}.
+
+Members are grouped by webdataset's key rule (`base_plus_ext`): `a/b.c.jpg` is extension `c.jpg` of key `a/b`.
+Only the extensions asked for are read into memory; the rest are skipped over. Nothing is decoded here: what
+a member means is the task's business (`ShardDataModule.decode`), and nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator
+from typing import IO
+
+from webdataset.tariterators import base_plus_ext
+
+from project.data.remote import open_url
+from project.data.tarreader import tar_members
+from project.errors import ShardError
+
+READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
+META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's rule for metadata members
+# a grouped sample: "__key__" and "__url__" (str), and one entry of bytes per extension read
+Sample = dict
+
+
+def read_samples(
+    url: str,
+    start: int = 0,
+    stop: int | None = None,
+    extensions: frozenset[str] | None = None,
+    open_stream: Callable[[str], IO[bytes]] = open_url,
+) -> Iterator[Sample]:
+    """Samples [start, stop) of one shard, as {"__key__", "__url__", ext: bytes}.
+
+    Args:
+        url: the shard (a path or a URL that `open_stream` opens).
+        start: the first sample to yield (those before it are counted by key, never read).
+        stop: the sample to stop before; reading ends once sample `stop - 1` is complete.
+        extensions: the extensions (lower case) whose bytes are read; None reads every member.
+        open_stream: opens `url` as a byte stream.
+    """
+    try:
+        stream = open_stream(url)
+    except OSError as error:
+        raise ShardError(f"cannot open shard {url}: {error.strerror or error}") from None
+    last_key, position, current = None, -1, None
+    try:
+        for name, read in _members(stream, url):
+            key, extension = base_plus_ext(name)
+            if key is None:
+                continue
+            if key != last_key:
+                if current is not None:
+                    yield current
+                last_key, position, current = key, position + 1, None
+                if stop is not None and position >= stop:
+                    return
+                if position >= start:
+                    current = {"__key__": key, "__url__": url}
+            extension = extension.lower()
+            if current is not None and (extensions is None or extension in extensions):
+                try:
+                    current[extension] = read()
+                except READ_ERRORS as error:
+                    raise ShardError(f"cannot read shard {url}: {error}") from None
+        if current is not None:
+            yield current
+    finally:
+        stream.close()
+
+
+def _members(stream: IO[bytes], url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """(name, read) for each regular member, in tar order; `read` must be called before moving on."""
+    try:
+        for name, read in tar_members(stream):
+            if not META_MEMBER.match(name):
+                yield name, read
+    except READ_ERRORS as error:
+        raise ShardError(f"cannot read shard {url}: {error}") from None
+
+
+def count_samples(url: str) -> int:
+    """Samples (distinct consecutive keys) in one shard, from its tar headers: member data is skipped."""
+    return sum(1 for _ in read_samples(url, extensions=frozenset()))

@@ -1,0 +1,216 @@
+"""Run one DataLoader worker's epoch plan: open its shards, skip to its offsets, group tar members into
+samples, shuffle the encoded samples in a bounded buffer, then hand them to the task to decode and collate.
+
+The stream knows no task: what a member means (an image, a label, a text) is the task's `decode`, and how
+examples become a batch its `collate`. The stream only guarantees that batch `n` of a worker's plan holds
+exactly the samples the plan put there, in the same order and with the same augmentation on every run:
+what exact resume, equal batches per rank and exactly-once evaluation rest on. The epoch plan replaces
+webdataset's node and worker splitters, whose shard-level split cannot give equal batches per rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from project.data.batch import Batch, Skipped
+from project.data.plan import Segment, WorkerPlan, eval_plan, resume_point, skip_samples, total_batches, train_plan
+from project.data.remote import open_url
+from project.data.samples import Sample, read_samples
+from project.data.shards import Shard
+from project.errors import DecodeError, ShardError
+
+STAGES = ("train", "val", "test", "predict")
+
+
+class Task(Protocol):
+    """What the stream asks of a task, in the DataLoader workers (`ShardDataModule` implements it)."""
+
+    extensions: frozenset[str]  # the tar members decode reads; no other member is read into memory
+
+    def decode(self, sample: Sample, stage: str) -> Any:
+        """One example from one sample's members; raises `DecodeError` for a sample it cannot use."""
+
+    def collate(self, examples: list[Any], stage: str) -> Batch:
+        """A batch from a list of examples, in order."""
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A placeholder for a sample that could not be read (a truncated or unreadable shard).
+
+    It keeps its place in the stream, so batches, ranks and resumed epochs stay aligned with the plan.
+    """
+
+    url: str
+    position: int
+    reason: str
+
+
+def shuffled(samples: Iterator, buffer_size: int, seed: int, first_chunk: int = 0) -> Iterator:
+    """Shuffle encoded samples in chunks of `buffer_size`: memory is bounded by the buffer.
+
+    Encoded bytes, not decoded examples: a decoded image is ~10x larger, so the buffer would hold 10x
+    fewer samples. Each chunk's order depends only on (seed, chunk number), so a resumed epoch can skip
+    whole chunks without reading them and still shuffle the next one as the uninterrupted run did.
+    """
+    chunk = first_chunk
+    while buffer := list(itertools.islice(samples, buffer_size)):
+        order = np.random.default_rng([seed, chunk]).permutation(len(buffer))
+        yield from (buffer[i] for i in order)
+        chunk += 1
+
+
+class ShardStream(IterableDataset):
+    """An IterableDataset over shards that yields ready batches, planned per (epoch, rank, worker).
+
+    Args:
+        shards: the split's shards with their sample counts.
+        task: decodes samples and collates examples (it is pickled into each DataLoader worker).
+        stage: train (shuffle, and drop the last partial batches), or val, test or predict (every sample
+            exactly once, in index order).
+        batch_size: samples per batch on each device.
+        seed: seed of the shard order, the shuffle buffer and the per-batch augmentation.
+        shuffle_buffer: samples held (encoded) in the shuffle buffer.
+        num_workers: the DataLoader's worker count (the plan is split across max(1, num_workers)).
+        skip_corrupt: leave out unreadable samples (listed in each batch's `skipped`) instead of raising.
+        cache_dir: keep local copies of remote shards here (None: stream them without a copy).
+        cache_bytes: the most the cache folder may hold; least recently used copies go first.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        task: Task,
+        *,
+        stage: str,
+        batch_size: int,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        num_workers: int = 0,
+        skip_corrupt: bool = False,
+        cache_dir: str | None = None,
+        cache_bytes: int | None = None,
+    ) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+        self.shards = list(shards)
+        self.task = task
+        self.stage = stage
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer
+        self.num_workers = max(1, num_workers)
+        self.skip_corrupt = skip_corrupt
+        self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        self.epoch = 0
+        self.world_size, self.rank = 1, 0
+        self.batches_done = 0
+
+    @property
+    def train(self) -> bool:
+        return self.stage == "train"
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def set_topology(self, world_size: int, rank: int) -> None:
+        self.world_size, self.rank = world_size, rank
+
+    def plans(self) -> list[WorkerPlan]:
+        """This rank's plan for the current epoch, one entry per DataLoader worker."""
+        counts = [shard.nsamples for shard in self.shards]
+        common = dict(world_size=self.world_size, rank=self.rank, num_workers=self.num_workers)
+        if self.train:
+            return train_plan(counts, epoch=self.epoch, seed=self.seed, batch_size=self.batch_size, **common)
+        return eval_plan(counts, batch_size=self.batch_size, **common)
+
+    def __len__(self) -> int:
+        return total_batches(self.plans())
+
+    def planned_samples(self) -> int:
+        """Samples this rank reads in the current epoch (skipped ones included)."""
+        return sum(plan.nsamples for plan in self.plans())
+
+    def resume_after(self, batches_done: int) -> None:
+        """Start the next pass at batch `batches_done` of the epoch, as if those had just been read."""
+        self.batches_done = batches_done
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        if (info.num_workers if info is not None else 1) != self.num_workers:
+            raise RuntimeError(f"ShardStream planned for {self.num_workers} workers, runs in a different count")
+        plans = self.plans()
+        index, done = resume_point(self.batches_done, len(plans), worker)
+        plan = plans[index]
+        for number, samples in enumerate(self._sample_batches(plan, done), start=done):
+            yield self._batch(samples, plan, number)
+
+    def _sample_batches(self, plan: WorkerPlan, done: int) -> Iterator[list]:
+        """The plan's encoded samples, grouped into its batches, from batch `done` on."""
+        start = sum(plan.batch_sizes[:done])
+        if plan.shuffle_seed is None:
+            samples = self._encoded(skip_samples(plan.segments, start))
+        else:
+            chunk, offset = divmod(start, self.shuffle_buffer)
+            samples = self._encoded(skip_samples(plan.segments, chunk * self.shuffle_buffer))
+            samples = shuffled(samples, self.shuffle_buffer, plan.shuffle_seed, first_chunk=chunk)
+            samples = itertools.islice(samples, offset, None)
+        for size in plan.batch_sizes[done:]:
+            yield list(itertools.islice(samples, size))
+
+    def _batch(self, samples: list, plan: WorkerPlan, number: int) -> Batch:
+        """Decode and collate one batch through the task; samples it cannot use are left out and listed."""
+        examples, keys, skipped = [], [], []
+        with torch.random.fork_rng(devices=[]):
+            if plan.shuffle_seed is not None:
+                # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
+                torch.manual_seed(int(np.random.SeedSequence([plan.shuffle_seed, number]).generate_state(1)[0]))
+            for sample in samples:
+                if isinstance(sample, Missing):
+                    skipped.append(Skipped(sample.url, f"sample {sample.position}", sample.reason))
+                    continue
+                try:
+                    examples.append(self.task.decode(sample, self.stage))
+                except DecodeError as error:
+                    if not self.skip_corrupt:
+                        raise
+                    skipped.append(Skipped(sample["__url__"], sample["__key__"], str(error)))
+                    continue
+                keys.append(sample["__key__"])
+            if not examples:
+                raise ShardError(f"every sample of a batch was unreadable; the first: {skipped[0].reason}")
+            batch = self.task.collate(examples, self.stage)
+        if not isinstance(batch, Batch):
+            raise TypeError(f"{type(self.task).__name__}.collate must return a Batch, not {type(batch).__name__}")
+        batch.keys, batch.skipped = keys, skipped
+        return batch
+
+    def _encoded(self, segments: Sequence[Segment]) -> Iterator[Sample | Missing]:
+        """Each segment's samples in order: exactly len(segment) items, `Missing` for unreadable ones."""
+        extensions = self.task.extensions
+        for segment in segments:
+            shard = self.shards[segment.shard]
+            seen, reason = 0, ""
+            try:
+                for sample in read_samples(shard.url, segment.start, segment.stop, extensions, self.open_stream):
+                    seen += 1
+                    yield sample
+            except ShardError as error:
+                if not self.skip_corrupt:
+                    raise
+                reason = str(error)
+            if seen != len(segment) and not reason:
+                reason = f"holds {segment.start + seen} samples, but its shard index says {shard.nsamples}"
+                if not self.skip_corrupt:
+                    raise ShardError(f"shard {shard.url} {reason}: the index is stale, rebuild it")
+            for position in range(segment.start + seen, segment.stop):
+                yield Missing(shard.url, position, reason)

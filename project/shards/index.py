@@ -1,0 +1,107 @@
+"""Write a shard index for existing shards, made by any tool, and verify them.
+
+    python -m project.data.index PATTERN|DIR|PART_INDEX.json... --out FILE
+
+Accepts webdataset TarWriter/ShardWriter output, GNU tar of a folder of key.ext files, and gzip-compressed
+tars (.tar.gz, .tgz). Each shard is read through: samples are counted, labels collected (so num_classes
+flows on to the model), and corrupt shards and members (unreadable data, undecodable images, missing
+labels) are listed. Part indexes written by `prepare --part I/N` are merged without a re-scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PIL import Image
+
+from project.data.samples import read_samples
+from project.data.shards import SHARD_SUFFIXES, Shard, ShardIndex, read_index, resolve_shards, write_index
+from project.errors import ShardError, UserError
+from project.shards.sources import labels_to_classes
+from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, index_classes, label_text
+
+
+@dataclass
+class ShardReport:
+    shard: Shard
+    labels: Counter = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)  # "key: what is wrong"
+
+
+def scan_shard(url: str, verify_images: bool = True) -> ShardReport:
+    """Count, collect labels and verify one shard, reading it to the end."""
+    labels: Counter = Counter()
+    problems, count = [], 0
+    try:
+        for sample in read_samples(url, extensions=WANTED_EXTENSIONS):
+            count += 1
+            key = sample["__key__"]
+            try:
+                labels[label_text(sample)] += 1  # integers or class names: labels_to_classes sorts them out
+            except (ValueError, UnicodeDecodeError) as error:
+                problems.append(f"{key}: {error}")
+            image = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+            if image is None and "npy" not in sample:
+                problems.append(f"{key}: no image member")
+            elif image is not None and verify_images:
+                try:
+                    with Image.open(io.BytesIO(sample[image])) as opened:
+                        opened.verify()
+                except Exception as error:  # noqa: BLE001 - PIL raises many types for bad data
+                    problems.append(f"{key}: .{image} does not decode ({error})")
+    except ShardError as error:
+        problems.append(f"(after sample {count}) {error}")
+    size = os.path.getsize(url) if os.path.exists(url) else None
+    return ShardReport(Shard(url, count, size), labels, problems)
+
+
+def build_index(inputs: list[str], out: str | Path, verify_images: bool = True) -> tuple[ShardIndex, list[str]]:
+    """Merge part indexes and scan shards into one index at `out`; returns it and the problems found."""
+    shards: list[Shard] = []
+    classes: list[str] | None = None
+    labels: Counter = Counter()
+    problems: list[str] = []
+    for spec in inputs:
+        if spec.endswith(".json"):
+            part = read_index(spec)
+            shards += part.shards
+            classes = classes or index_classes(part)
+            continue
+        paths = [spec] if os.path.isfile(spec) else None
+        if paths is None and os.path.isdir(spec):
+            paths = sorted(str(p) for p in Path(spec).iterdir() if p.name.endswith(SHARD_SUFFIXES))
+        if paths is None:
+            paths = [s.url for s in resolve_shards(spec, count=lambda url: 0).shards]
+        if not paths:
+            raise UserError(f"no shards match {spec}")
+        for path in paths:
+            report = scan_shard(path, verify_images)
+            shards.append(report.shard)
+            labels.update(report.labels)
+            problems += [f"{path}: {problem}" for problem in report.problems]
+    if not shards:
+        raise UserError("no shards to index")
+    classes = classes or (labels_to_classes(list(labels))[1] if labels else None)
+    index = ShardIndex(shards, Path(out).parent.name, {"classes": classes} if classes else {})
+    write_index(out, shards, name=index.name, extra=index.extra)
+    return index, problems
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m project.data.index", description=__doc__.split("\n")[0])
+    parser.add_argument("inputs", nargs="+", help="shard folders, files, globs, brace patterns or part indexes")
+    parser.add_argument("--out", required=True, help="the shard index to write (usually DIR/shardindex.json)")
+    parser.add_argument("--no-verify-images", action="store_true", help="skip decoding checks (faster)")
+    args = parser.parse_args(argv)
+    index, problems = build_index(args.inputs, args.out, not args.no_verify_images)
+    classes = f"{len(index_classes(index))} classes" if index_classes(index) else "no labels found"
+    print(f"wrote {args.out}: {len(index.shards)} shards, {index.nsamples} samples, {classes}")
+    if problems:
+        print(f"{len(problems)} problem(s) found; training skips these samples and counts them:")
+        for problem in problems:
+            print(f"  {problem}")

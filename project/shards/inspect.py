@@ -1,0 +1,101 @@
+"""Summarize shards and draw a contact sheet of their samples.
+
+    python -m project.data.inspect DIR [--sheet FILE.png] [--samples N]
+
+DIR is a dataset root (with train/, val/, test/) or one split's folder, index, glob or pattern. Prints
+shards, samples, bytes, per-class counts and the image sizes and modes seen, per split, and writes a PNG
+grid of the first samples with their labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+from collections import Counter
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+from rich.console import Console
+from rich.table import Table
+
+from project.data.samples import read_samples
+from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
+from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, index_classes
+
+TILE = 96
+
+
+def splits_of(spec: str) -> dict[str, ShardIndex]:
+    root = Path(spec)
+    found = {s: root / s for s in ("train", "val", "test") if (root / s / INDEX_NAME).exists()}
+    if found:
+        return {split: resolve_shards(str(path)) for split, path in found.items()}
+    return {root.name or spec: resolve_shards(spec)}
+
+
+def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[Image.Image, str]]]:
+    """Counts per class, sizes and modes seen, and the first samples (for the sheet), in one pass."""
+    classes = index_classes(index)
+    counts, sizes, modes, tiles = Counter(), Counter(), Counter(), []
+    for shard in index.shards:
+        for sample in read_samples(shard.url):
+            try:
+                label = decode_label(sample, classes)
+                name = classes[label] if classes and label < len(classes) else str(label)
+            except ValueError:
+                name = "(no label)"
+            counts[name] += 1
+            extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+            if extension is None:
+                continue
+            with Image.open(io.BytesIO(sample[extension])) as image:
+                sizes[image.size] += 1
+                modes[image.mode] += 1
+            if len(tiles) < sheet_samples:
+                tiles.append((decode_image(sample[extension]), name))
+    total_bytes = sum(shard.filesize or 0 for shard in index.shards)
+    summary = {"shards": len(index.shards), "samples": index.nsamples, "bytes": total_bytes,
+               "classes": counts, "sizes": sizes, "modes": modes}  # fmt: skip
+    return summary, tiles
+
+
+def contact_sheet(tiles: list[tuple[Image.Image, str]], path: Path) -> None:
+    columns = max(1, math.ceil(math.sqrt(len(tiles))))
+    rows = math.ceil(len(tiles) / columns)
+    sheet = Image.new("RGB", (columns * TILE, rows * (TILE + 14)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, (image, label) in enumerate(tiles):
+        x, y = (i % columns) * TILE, (i // columns) * (TILE + 14)
+        thumbnail = image.copy()
+        thumbnail.thumbnail((TILE - 4, TILE - 4))
+        sheet.paste(thumbnail, (x + 2, y + 2))
+        draw.text((x + 2, y + TILE), label[:14], fill="black")
+    sheet.save(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m project.data.inspect", description=__doc__.split("\n")[0])
+    parser.add_argument("data", help="dataset root (train/, val/, test/) or one split's shards")
+    parser.add_argument("--sheet", default=None, help="contact sheet PNG (default: DIR/contact_sheet.png)")
+    parser.add_argument("--samples", type=int, default=64, help="samples on the contact sheet (64)")
+    args = parser.parse_args(argv)
+    console = Console()
+    first_tiles: list = []
+    for split, index in splits_of(args.data).items():
+        summary, tiles = summarize(index, args.samples if not first_tiles else 0)
+        first_tiles = first_tiles or tiles
+        table = Table(title=f"{split}: {summary['shards']} shards, {summary['samples']} samples, "
+                            f"{summary['bytes'] / 1e6:.1f} MB")  # fmt: skip
+        table.add_column("class")
+        table.add_column("samples", justify="right")
+        for name, count in sorted(summary["classes"].items()):
+            table.add_row(name, str(count))
+        console.print(table)
+        seen = ", ".join(f"{w}x{h} ({n})" for (w, h), n in summary["sizes"].most_common(5))
+        console.print(f"image sizes: {seen}; modes: {dict(summary['modes'])}")
+    if first_tiles:
+        folder = Path(args.data) if Path(args.data).is_dir() else Path(".")
+        sheet = Path(args.sheet) if args.sheet else folder / "contact_sheet.png"
+        contact_sheet(first_tiles, sheet)
+        console.print(f"contact sheet: {sheet}")

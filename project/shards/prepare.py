@@ -1,0 +1,214 @@
+"""Turn an image collection into train/val/test WebDataset shards, each split with a shard index.
+
+    python -m project.data.prepare SOURCE --out DIR [--val-fraction F] [--test-fraction F]
+        [--samples-per-shard N] [--shard-size BYTES] [--workers N] [--seed S] [--part I/N]
+        [--resize S] [--format jpg|png|webp] [--download]
+
+SOURCE: an ImageFolder tree (SOURCE/<class>/<image>), a CSV or JSONL listing (path, label), a torchvision
+dataset (torchvision:CIFAR10), or existing tar shards (a folder, index, glob or brace pattern).
+
+The split is stratified and deterministic for a seed; keys come from the source paths, so they are
+unique and stable. Samples are shuffled before sharding (a shard then mixes classes), and original
+encoded bytes are kept unless --resize or --format ask otherwise. Each shard is written under a
+temporary name and renamed when complete: an interrupted run, started again with the same arguments,
+keeps its finished shards and redoes the rest. `--part I/N` writes every N-th shard (from the I-th) and
+a part index, for cluster job arrays; `python -m project.data.index` then merges the parts' indexes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from project.data.shards import INDEX_NAME, Shard, write_index
+from project.errors import UserError
+from project.shards.parallel import imap_unordered
+from project.shards.sources import Record, encode, load, read_record
+from project.shards.tarwriter import FastTarWriter
+
+SPLITS = ("train", "val", "test")
+MANIFEST = ".prepare.json"
+MEMBER_OVERHEAD = 1536  # tar headers and padding of one sample's two members, for --shard-size
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    split: str
+    number: int
+    records: tuple[Record, ...]
+    path: str
+    resize: int | None
+    format: str | None
+
+
+def split_records(records: list[Record], val: float, test: float, seed: int) -> dict[str, list[Record]]:
+    """Stratified, deterministic split: within each class, a seeded permutation of the sorted keys."""
+    splits: dict[str, list[Record]] = {split: [] for split in SPLITS}
+    fixed = [r for r in records if r.split is not None]
+    for record in fixed:
+        splits[record.split].append(record)
+    free = [r for r in records if r.split is None]
+    has_fixed_test = any(r.split == "test" for r in fixed)
+    by_class: dict[int, list[Record]] = {}
+    for record in free:
+        by_class.setdefault(record.label, []).append(record)
+    for label, members in sorted(by_class.items()):
+        members.sort(key=lambda r: r.key)
+        order = np.random.default_rng([seed, label]).permutation(len(members))
+        n_test = 0 if has_fixed_test else round(len(members) * test)
+        n_val = round(len(members) * val)
+        for rank, index in enumerate(order):
+            split = "test" if rank < n_test else "val" if rank < n_test + n_val else "train"
+            splits[split].append(members[index])
+    for number, split in enumerate(SPLITS):  # shards should mix classes: shuffle before sharding
+        ordered = sorted(splits[split], key=lambda r: r.key)
+        order = np.random.default_rng([seed, 1000 + number]).permutation(len(ordered))
+        splits[split] = [ordered[i] for i in order]
+    return splits
+
+
+def plan_shards(records: list[Record], samples_per_shard: int, shard_bytes: int | None) -> list[list[Record]]:
+    """Consecutive groups of at most `samples_per_shard` samples (and about `shard_bytes` bytes)."""
+    shards, current, size = [], [], 0
+    for record in records:
+        grow = record.size + MEMBER_OVERHEAD
+        if current and (len(current) >= samples_per_shard or (shard_bytes and size + grow > shard_bytes)):
+            shards.append(current)
+            current, size = [], 0
+        current.append(record)
+        size += grow
+    if current:
+        shards.append(current)
+    return shards
+
+
+def write_shard(job: ShardJob) -> Shard:
+    """Write one shard under a temporary name, then rename it: a shard file is always complete."""
+    from PIL import Image
+
+    temporary = f"{job.path}.{os.getpid()}.tmp"
+    with open(temporary, "wb", buffering=1 << 20) as stream, FastTarWriter(stream) as writer:
+        for record in job.records:
+            data, extension = read_record(record)
+            if job.resize or (job.format and job.format != extension):
+                import io
+
+                with Image.open(io.BytesIO(data)) as image:
+                    extension = job.format or extension
+                    data = encode(image, extension, job.resize)
+            writer.write({"__key__": record.key, extension: data, "cls": str(record.label).encode()})
+    os.replace(temporary, job.path)
+    return Shard(job.path, len(job.records), os.path.getsize(job.path))
+
+
+def _check_manifest(out: Path, settings: dict) -> None:
+    """A second run into the same folder must use the same settings, or finished shards would differ."""
+    path = out / MANIFEST
+    if path.exists():
+        previous = json.loads(path.read_text())
+        if previous != settings:
+            changed = sorted(k for k in settings if previous.get(k) != settings[k])
+            raise UserError(f"{out} holds a prepare run with other settings ({', '.join(changed)}): "
+                            "use another --out, or delete it")  # fmt: skip
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings, indent=1))
+
+
+def prepare(
+    source: str,
+    out: str | Path,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    samples_per_shard: int = 1000,
+    shard_size: int | None = None,
+    workers: int = 1,
+    seed: int = 0,
+    part: tuple[int, int] = (0, 1),
+    resize: int | None = None,
+    format: str | None = None,  # noqa: A002
+    download: bool = False,
+    quiet: bool = False,
+    torchvision_root: str = "data/torchvision",
+) -> dict[str, list[Shard]]:
+    """Write the shards of `source` into OUT/{train,val,test}; returns the shards this part wrote."""
+    if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise UserError("--val-fraction and --test-fraction must be in [0, 1) and add up to less than 1")
+    index, count = part
+    if not 0 <= index < count:
+        raise UserError(f"--part {index}/{count}: I must be in 0..N-1")
+    out = Path(out)
+    records, classes = load(source, download, torchvision_root, with_sizes=shard_size is not None)
+    settings = {"source": source, "val_fraction": val_fraction, "test_fraction": test_fraction,
+                "samples_per_shard": samples_per_shard, "shard_size": shard_size, "seed": seed,
+                "resize": resize, "format": format, "parts": count}  # fmt: skip
+    _check_manifest(out, settings)
+    jobs: list[ShardJob] = []
+    for split, members in split_records(records, val_fraction, test_fraction, seed).items():
+        (out / split).mkdir(parents=True, exist_ok=True)
+        for number, group in enumerate(plan_shards(members, samples_per_shard, shard_size)):
+            path = str(out / split / f"{split}-{number:06d}.tar")
+            jobs.append(ShardJob(split, number, tuple(group), path, resize, format))
+    mine = jobs[index::count]
+    for job in mine:  # half-written shards of an interrupted run of this part
+        for stale in Path(job.path).parent.glob(f"{Path(job.path).name}.*.tmp"):
+            stale.unlink()
+    todo = [job for job in mine if not os.path.exists(job.path)]  # finished shards are kept
+    written = {job.path: Shard(job.path, len(job.records), os.path.getsize(job.path)) for job in mine
+               if os.path.exists(job.path)}  # fmt: skip
+    columns = (
+        TextColumn("prepare"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("samples"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, disable=quiet) as progress:
+        task = progress.add_task("prepare", total=sum(len(j.records) for j in mine))
+        progress.advance(task, sum(s.nsamples for s in written.values()))
+        for shard in imap_unordered(write_shard, todo, workers):
+            written[shard.url] = shard
+            progress.advance(task, shard.nsamples)
+    result = {split: [written[j.path] for j in mine if j.split == split] for split in SPLITS}
+    name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
+    for split in SPLITS:
+        if result[split] or count == 1:
+            write_index(out / split / name, result[split], name=split, extra={"classes": classes})
+    return result
+
+
+def _part(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N such as 0/8, got {text!r}") from None
+    return index, count
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m project.data.prepare", description=__doc__.split("\n")[0])
+    parser.add_argument("source", help="image folder, .csv/.jsonl listing, tar shards, or torchvision:NAME")
+    parser.add_argument("--out", required=True, help="output folder: train/, val/ and test/ go here")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="share of each class for val (0.1)")
+    parser.add_argument("--test-fraction", type=float, default=0.1, help="share of each class for test (0.1)")
+    parser.add_argument("--samples-per-shard", type=int, default=1000, help="samples per shard (1000)")
+    parser.add_argument("--shard-size", type=int, default=None, help="bytes per shard, at most (no limit)")
+    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="processes")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle (0)")
+    parser.add_argument("--part", type=_part, default=(0, 1), help="write part I of N (a job array)")
+    parser.add_argument("--resize", type=int, default=None, help="re-encode with the shorter side this size")
+    parser.add_argument("--format", choices=["jpg", "png", "webp"], default=None, help="re-encode as this")
+    parser.add_argument("--download", action="store_true", help="download a torchvision dataset")
+    parser.add_argument("--torchvision-root", default="data/torchvision", help="torchvision datasets' root")
+    args = parser.parse_args(argv)
+    result = prepare(args.source, args.out, args.val_fraction, args.test_fraction, args.samples_per_shard,
+                     args.shard_size, args.workers, args.seed, args.part, args.resize, args.format,
+                     args.download, torchvision_root=args.torchvision_root)  # fmt: skip
+    counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.items())
+    print(f"wrote {args.out}: {counts} samples")

@@ -1,0 +1,144 @@
+"""ImageShards: the image classification task's data module: samples of an image and a label, decoded safely
+and augmented in the DataLoader workers (or decoded on the training device), batched as uint8 images."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from project.data.datamodule import ShardDataModule, check_positive
+from project.data.samples import Sample
+from project.data.stream import ShardStream
+from project.errors import DecodeError, UserError
+from project.tasks.image.batch import EncodedImageBatch, ImageBatch, ImageExample
+from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_label, decode_sample, index_classes
+from project.tasks.image.demo import demo_is_complete, make_demo
+from project.tasks.image.device_decode import DeviceDecoder
+from project.tasks.image.transforms import Preset, build_transform, pixels, transform_all
+
+DEMO_ROOT = Path("data/demo")
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+class ImageShards(ShardDataModule):
+    """Image classification samples from WebDataset shards: an image member (.jpg, .jpeg, .png, .webp, or
+    a .npy array) and a label member (.cls integer, .txt integer or class name, .json with a label field).
+
+    Images stay uint8 from decode to the device, where the model normalizes them. Only these members are
+    read; anything else in a shard (a .pyd or .pickle member, say) is never read, let alone unpickled.
+
+    Args:
+        image_size: side of the square images the model sees.
+        augment: training augmentation preset: none, light, standard or strong (torchvision.transforms.v2);
+            validation and test resize and center-crop.
+        classes: class names, when the shard index does not record them.
+        decode_on: where JPEGs are decoded: cpu (in the DataLoader workers) or device (on the training
+            device after the batch reaches it, with torchvision's decode_jpeg: nvJPEG on CUDA); see
+            project/tasks/image/device_decode.py for when it helps.
+        **kwargs: the shard, loader and resume settings of `ShardDataModule` (root, train, val, test,
+            batch_size, num_workers, shuffle_buffer, seed, fraction, ...).
+    """
+
+    extensions = WANTED_EXTENSIONS
+
+    def __init__(
+        self,
+        image_size: int = 32,
+        augment: Preset = "light",
+        classes: list[str] | None = None,
+        decode_on: Literal["cpu", "device"] = "cpu",
+        **kwargs: Any,
+    ) -> None:
+        check_positive(image_size=image_size)
+        super().__init__(**kwargs)
+        self.image_size, self.augment, self.decode_on = image_size, augment, decode_on
+        self.transforms = {
+            stage: build_transform(augment, image_size, train=stage == "train") for stage in ("train", "val", "test")
+        }
+        self.device_decoder = DeviceDecoder(augment, image_size) if decode_on == "device" else None
+        self._classes = classes
+
+    @cached_property
+    def classes(self) -> list[str]:
+        """Class names, from the configuration or else from the first split whose index records them."""
+        if self._classes:
+            return list(self._classes)
+        for split in ("train", "val", "test"):
+            if self.specs[split] is not None and (names := index_classes(self.index(split))):
+                return names
+        raise UserError("no class names in the shard indexes: set data.classes (or rebuild the index)")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def prepare_missing(self) -> None:
+        """Build the demo data when the configuration reads it and it is missing."""
+        uses_demo = self.root and all(self.specs[split] == os.path.join(self.root, split) for split in self.specs)
+        if uses_demo and Path(self.root).resolve() == DEMO_ROOT.resolve():
+            ensure_demo(DEMO_ROOT)
+
+    def stream(self, split: str) -> ShardStream:
+        self.classes  # noqa: B018 - resolved here, once: the workers' copies decode label names with it
+        return super().stream(split)
+
+    # -- in the DataLoader workers --------------------------------------------------------------------
+
+    def decode(self, sample: Sample, stage: str) -> ImageExample:
+        """The sample's label and its pixels, or, with decode_on=device, its JPEG bytes."""
+        if self.decode_on == "device":
+            extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+            if extension in ("jpg", "jpeg") and sample[extension].startswith(JPEG_MAGIC):
+                try:
+                    label = decode_label(sample, self.classes)
+                except (ValueError, UnicodeDecodeError) as error:
+                    raise DecodeError(f"cannot decode sample {sample['__key__']!r} in shard {sample['__url__']}: "
+                                      f"{error}") from None  # fmt: skip
+                return ImageExample(label, jpeg=sample[extension], url=sample["__url__"])
+        image, label = decode_sample(sample, self.image_size, self.classes)
+        return ImageExample(label, pixels(image))
+
+    def collate(self, examples: list[ImageExample], stage: str) -> ImageBatch:
+        """Transform the decoded images (as one batch when the transform is deterministic) and stack them."""
+        decoded = [row for row, example in enumerate(examples) if example.pixels is not None]
+        images = [examples[row].pixels for row in decoded]
+        transformed = transform_all(self.transforms[stage], images) if images else None
+        label = torch.tensor([example.label for example in examples], dtype=torch.long)
+        if len(decoded) == len(examples):
+            return ImageBatch(image=transformed, label=label)
+        encoded = [row for row, example in enumerate(examples) if example.pixels is None]
+        # the device's crops and flips, from the batch's seeded generator: the same on resume
+        seed = int(torch.randint(2**62, ())) if stage == "train" else None
+        return EncodedImageBatch(image=transformed, label=label, image_rows=decoded,
+                                 jpegs=[examples[row].jpeg for row in encoded], jpeg_rows=encoded,
+                                 jpeg_urls=[examples[row].url for row in encoded], augment_seed=seed)  # fmt: skip
+
+    # -- in the training process ----------------------------------------------------------------------
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """With decode_on=device: decode the batch's JPEGs on its device, then crop and resize them there."""
+        if self.device_decoder is None or not isinstance(batch, EncodedImageBatch):
+            return batch
+        batch, skipped = self.device_decoder(batch)
+        if skipped:
+            self.record_skipped(skipped)
+        return batch
+
+
+def ensure_demo(root: Path) -> None:
+    """Build the demo data if it is missing; in a multi-process launch, local rank zero builds it."""
+    if demo_is_complete(root):
+        return
+    local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))  # torchrun, or srun
+    if local_rank != "0":
+        while not demo_is_complete(root):
+            time.sleep(1)
+        return
+    print(f"demo data not found in {root}: building it now (once, about 15 s)", file=sys.stderr)
+    make_demo(root)
