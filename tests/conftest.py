@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from webdataset import TarWriter
 
 from project.data.shards import INDEX_NAME, Shard, write_index
-from project.data.workers import proc_stat
+from project.data.workers import proc_stat, start_forkserver
+from project.tasks import WORKER_MODULES
 from project.tasks.image.data import ImageShards
 from project.tasks.image.demo import make_demo
 
@@ -60,6 +66,13 @@ def write_shards(
     if index:
         write_index(folder / INDEX_NAME, shards, name=folder.name, extra={"classes": CLASSES})
     return keys
+
+
+@pytest.fixture(scope="session", autouse=True)
+def workers_server() -> None:
+    """The DataLoader workers' forkserver, started as the entry points start it: with the tasks preloaded
+    (otherwise each worker of each test imports Lightning again, about a second each here)."""
+    start_forkserver(WORKER_MODULES)
 
 
 @pytest.fixture
@@ -105,6 +118,41 @@ def run_module(module: str, *args: str, cwd: Path | None = None, timeout: int = 
         output = f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-20000:]}"
         pytest.fail(f"{module} timed out after {timeout} s\n{output}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def run_here(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m module args` run inside this test process, as `runpy` (what `-m` uses) runs it: the same
+    command line, exit code, stdout and stderr (Lightning's log lines included) as `run_module`, without
+    paying a new interpreter's imports (4-5 s here). What a run changes for the whole process (torch's
+    threads, deterministic algorithms) is put back.
+
+    For runs whose output or processes the test does not examine: signals, DDP ranks, timeouts and a
+    killed process need `run_module`."""
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    argv, folder = sys.argv, os.getcwd()
+    # Lightning's loggers print through handlers made at import, holding the stream of that moment
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    handlers = [h for logger in loggers for h in logger.handlers if type(h) is logging.StreamHandler]
+    streams = [handler.setStream(stderr) for handler in handlers]
+    os.chdir(cwd)
+    sys.argv = [module, *args]
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    except Exception:  # noqa: BLE001 - what the interpreter would print, and its exit code
+        stderr.write(traceback.format_exc())
+        code = 1
+    finally:
+        for handler, stream in zip(handlers, streams, strict=True):
+            handler.setStream(stream)
+        sys.argv = argv
+        os.chdir(folder)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+    return subprocess.CompletedProcess([module, *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def dump_stacks(group: int) -> None:

@@ -11,7 +11,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from .conftest import run_module
+from .conftest import REPO, run_here, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -40,14 +40,14 @@ def assert_user_error(result, *fragments: str) -> None:
 
 
 def test_fast_dev_run(tiny_demo, tmp_path):
-    result = run_module("project.train", *small_run(tiny_demo, "--trainer.fast_dev_run=true"), cwd=tmp_path)
+    result = run_here("project.train", *small_run(tiny_demo, "--trainer.fast_dev_run=true"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test/acc" in result.stdout
 
 
 def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metric(tiny_demo, tmp_path):
     args = small_run(tiny_demo, "--trainer.max_epochs=2", "--trainer.limit_train_batches=5")
-    result = run_module("project.train", *args, "--trainer.logger.init_args.name=short", cwd=tmp_path)
+    result = run_here("project.train", *args, "--trainer.logger.init_args.name=short", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "logs" / "short" / "version_0"
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
@@ -64,7 +64,7 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
     test_acc = events.Scalars("test/acc")[-1].value
     assert f"run folder: logs{Path('/')}short{Path('/')}version_0" in result.stdout + result.stderr
 
-    evaluated = run_module("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}",
+    evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}",
                            "--split=test", "--trainer.enable_progress_bar=false", cwd=tmp_path)  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
@@ -74,7 +74,7 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
 
 def test_training_builds_the_missing_demo_data_first(tmp_path):
     args = ["--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false", "--data.num_workers=0"]
-    result = run_module("project.train", *args, cwd=tmp_path)
+    result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "demo data not found in data/demo: building it" in result.stderr
     for split in ("train", "val", "test"):
@@ -82,7 +82,7 @@ def test_training_builds_the_missing_demo_data_first(tmp_path):
 
 
 def test_print_config_shows_the_resolved_defaults_from_any_directory(tmp_path):
-    result = run_module("project.train", "--print_config", "--data.batch_size=7", cwd=tmp_path)
+    result = run_here("project.train", "--print_config", "--data.batch_size=7", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     config = yaml.safe_load(result.stdout)
     assert config["data"]["class_path"] == "project.tasks.image.ImageShards"
@@ -92,7 +92,7 @@ def test_print_config_shows_the_resolved_defaults_from_any_directory(tmp_path):
 
 
 def test_help_documents_options_from_docstrings():
-    result = run_module("project.train", "--help")
+    result = run_here("project.train", "--help", cwd=REPO)
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
     assert "encoded training samples held in the shuffle buffer" in text
@@ -109,7 +109,7 @@ def test_index_naming_a_missing_shard(tiny_demo, tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(tiny_demo, root)
     (root / "val" / "val-000001.tar").unlink()
-    result = run_module("project.train", *small_run(root), cwd=tmp_path)
+    result = run_here("project.train", *small_run(root), cwd=tmp_path)
     assert_user_error(result, "names a missing shard", "val-000001.tar")
 
 
@@ -117,17 +117,34 @@ def test_unreadable_shard_in_a_worker(tiny_demo, tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(tiny_demo, root)
     (root / "val" / "val-000000.tar").write_bytes(b"\x00garbage" * 2000)
+    # a subprocess: after a worker's error, torch shuts its workers down slowly (20 s) when the iterator is
+    # garbage-collected in a longer-lived process; a run that ends with the error exits at once
     result = run_module("project.train", *small_run(root, "--data.num_workers=2"), cwd=tmp_path)
     assert_user_error(result, "cannot read shard", "val-000000.tar")
 
 
 def test_misspelled_config_key(tmp_path):
-    result = run_module("project.train", "--model.widht=3", cwd=tmp_path)
+    result = run_here("project.train", "--model.widht=3", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "widht" in result.stderr
 
 
 def test_evaluate_needs_an_existing_checkpoint(tmp_path):
-    assert_user_error(run_module("project.evaluate", cwd=tmp_path), "--ckpt_path is required")
-    result = run_module("project.evaluate", "--ckpt_path=missing.ckpt", cwd=tmp_path)
+    assert_user_error(run_here("project.evaluate", cwd=tmp_path), "--ckpt_path is required")
+    result = run_here("project.evaluate", "--ckpt_path=missing.ckpt", cwd=tmp_path)
     assert_user_error(result, "checkpoint not found: missing.ckpt")
+
+
+def test_a_bad_data_setting_stops_before_the_demo_is_built(tmp_path):
+    result = run_here("project.train", "--data.batch_size=0", cwd=tmp_path)
+    assert_user_error(result, "data.batch_size must be positive, got 0")
+    assert not (tmp_path / "data").exists(), "the demo was built before the settings were checked"
+
+
+def test_checkpointing_can_be_turned_off_from_the_command_line(tiny_demo, tmp_path):
+    args = small_run(tiny_demo, "--trainer.enable_checkpointing=false", "--trainer.max_epochs=1",
+                     "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")  # fmt: skip
+    result = run_here("project.train", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "checkpointing off" in result.stderr and "test/acc" in result.stdout
+    assert not list(tmp_path.rglob("*.ckpt"))

@@ -16,7 +16,7 @@ from project.data.shards import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import ShardError
 
-from .conftest import image_task, run_module, write_shards
+from .conftest import image_task, run_here, write_shards
 from .test_pipeline import epoch_batches
 
 
@@ -110,7 +110,7 @@ def cli_args(folder: Path, *extra: str) -> list[str]:
 def test_training_stops_with_a_clear_error_past_the_limit(corrupt_split, tmp_path):
     folder, _, _ = corrupt_split
     args = cli_args(folder, "--data.num_workers=0", "--trainer.num_sanity_val_steps=0")
-    result = run_module("project.train", *args, cwd=tmp_path)
+    result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1, result.stderr[-3000:]
@@ -121,10 +121,10 @@ def test_training_stops_with_a_clear_error_past_the_limit(corrupt_split, tmp_pat
 def test_evaluation_reports_how_many_samples_it_skipped(corrupt_split, tmp_path):
     folder, _, _ = corrupt_split
     args = cli_args(folder, "--data.num_workers=2", "--data.max_skipped_fraction=0.5")
-    trained = run_module("project.train", *args, cwd=tmp_path)
+    trained = run_here("project.train", *args, cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     ckpt = tmp_path / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt"
-    result = run_module("project.evaluate", f"--ckpt_path={ckpt}", "--split=test", cwd=tmp_path)
+    result = run_here("project.evaluate", f"--ckpt_path={ckpt}", "--split=test", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     assert metrics["test/skipped"] == 6

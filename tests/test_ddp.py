@@ -19,7 +19,7 @@ from project.data.samples import read_samples
 from project.data.shards import resolve_shards
 from project.tasks.image.demo import make_demo
 
-from .conftest import REPO, run_module
+from .conftest import REPO, run_here, run_module
 from .helpers import load_records
 
 pytestmark = pytest.mark.slow
@@ -45,21 +45,28 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
+def ddp_args(data: Path) -> list[str]:
+    """2 processes x 2 DataLoader workers, 2 epochs, deterministic, with augmentation (seeded per batch)."""
+    return [
+        *("--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--trainer.deterministic=true"),
+        *(f"--data.root={data}", "--data.image_size=16", f"--data.batch_size={BATCH}", "--data.num_workers=2"),
+        *("--data.augment=light", "--trainer.max_epochs=2", *QUIET),
+    ]
+
+
+def every_5_steps(folder: Path) -> str:
+    callback = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"dirpath": str(folder), "filename": "{step}", "every_n_train_steps": 5,
+                              "save_top_k": -1}}  # fmt: skip
+    return f"--trainer.callbacks+={json.dumps(callback)}"
+
+
 @pytest.fixture(scope="module")
 def ddp_run(data, tmp_path_factory):
-    """One 2-process DDP training run through the CLI, 2 DataLoader workers per rank, 2 epochs."""
+    """One 2-process DDP training run through the CLI, with step checkpoints every 5 steps."""
     cwd = tmp_path_factory.mktemp("ddprun")
-    args = [
-        *("--config", str(REPO / "configs/trainer/ddp_cpu.yaml")),
-        *(
-            f"--data.root={data}",
-            "--data.image_size=16",
-            f"--data.batch_size={BATCH}",
-            "--data.num_workers=2",
-        ),
-        *("--trainer.max_epochs=2", *QUIET, recorder(cwd / "records")),
-    ]
-    result = run_module("project.train", *args, cwd=cwd)
+    result = run_module("project.train", *ddp_args(data), recorder(cwd / "records"), every_5_steps(cwd / "steps"),
+                        cwd=cwd)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return cwd, result, load_records(cwd / "records")
 
@@ -104,8 +111,8 @@ def test_test_metrics_on_two_processes_equal_one_process(ddp_run):
     ckpt = cwd / "logs" / "demo" / "version_0" / "checkpoints" / "best.ckpt"
     metrics = {}
     for name, extra in (("single", []), ("ddp", ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")])):
-        result = run_module("project.evaluate", f"--ckpt_path={ckpt}", *extra, "--data.num_workers=2", *QUIET,
-                            cwd=cwd)  # fmt: skip
+        run = run_module if name == "ddp" else run_here  # one process needs no interpreter of its own
+        result = run("project.evaluate", f"--ckpt_path={ckpt}", *extra, "--data.num_workers=2", *QUIET, cwd=cwd)
         assert result.returncode == 0, result.stderr[-4000:]
         metrics[name] = json.loads(result.stdout.strip().splitlines()[-1])
     for key in ("test/acc", "test/loss"):
@@ -119,7 +126,8 @@ def free_port() -> int:
 
 
 def test_two_node_torchrun_on_localhost_reads_disjoint_data(data, tmp_path):
-    """scripts/torchrun_multi_node.sh run twice on this machine, as two one-process "nodes"."""
+    """scripts/torchrun_multi_node.sh run twice on this machine, as two one-process "nodes": the launcher
+    starts ranks that train together, and each reads its own samples."""
     args = [
         *("--trainer.accelerator=cpu", f"--data.root={data}", "--data.image_size=16"),
         *(f"--data.batch_size={BATCH}", "--data.num_workers=1", "--trainer.max_epochs=1"),
@@ -153,7 +161,9 @@ def test_two_node_torchrun_on_localhost_reads_disjoint_data(data, tmp_path):
     assert len(batches[0]) == len(batches[1]) == 250 // (2 * BATCH)
     keys = [{k for batch in batches[rank] for k in batch} for rank in (0, 1)]
     assert not keys[0] & keys[1] and len(keys[0]) == len(keys[1]) == 7 * BATCH
+    assert any("GLOBAL_RANK: 1, MEMBER: 2/2" in output for output in outputs)  # the launcher started both ranks
     assert [p.name for p in (tmp_path / "logs" / "demo").iterdir()] == ["version_0"]
+    assert (tmp_path / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt").is_file()
     assert sum(output.count("run folder:") for output in outputs) == 1
     assert sum(output.count("2 node(s)") for output in outputs) == 1
 
@@ -176,38 +186,19 @@ def test_resuming_with_another_world_size_continues(ddp_run, data, tmp_path):
     assert len(epoch) == 250 // BATCH and len(keys) == len(set(keys))
 
 
-def test_ddp_resumes_mid_epoch_exactly_on_every_rank(data, tmp_path):
+def test_ddp_resumes_mid_epoch_exactly_on_every_rank(ddp_run, data, tmp_path):
     """2 ranks x 2 workers: resumed from a step-5 checkpoint (an odd batch count, mid epoch 0), each rank
     continues with exactly the batches the uninterrupted run had next, and the weights end equal."""
-    every_5 = {
-        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-        "init_args": {"dirpath": str(tmp_path / "steps"), "filename": "{step}", "every_n_train_steps": 5,
-                      "save_top_k": -1},
-    }  # fmt: skip
-    common = [
-        *("--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--trainer.deterministic=true"),
-        *(
-            f"--data.root={data}",
-            "--data.image_size=16",
-            f"--data.batch_size={BATCH}",
-            "--data.num_workers=2",
-        ),
-        *("--data.augment=light", "--trainer.max_epochs=2", *QUIET),
-    ]
-    (tmp_path / "whole").mkdir()
-    (tmp_path / "resumed").mkdir()
-    whole = run_module("project.train", *common, recorder(tmp_path / "r_whole"),
-                       f"--trainer.callbacks+={json.dumps(every_5)}", cwd=tmp_path / "whole")  # fmt: skip
-    assert whole.returncode == 0, whole.stderr[-4000:]
-    step_5 = f"--ckpt_path={tmp_path / 'steps' / 'step=5.ckpt'}"
-    resumed = run_module("project.train", *common, recorder(tmp_path / "r_resumed"), step_5, cwd=tmp_path / "resumed")
+    cwd, _, before = ddp_run
+    step_5 = f"--ckpt_path={cwd / 'steps' / 'step=5.ckpt'}"
+    resumed = run_module("project.train", *ddp_args(data), recorder(tmp_path / "records"), step_5, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    before, after = load_records(tmp_path / "r_whole"), load_records(tmp_path / "r_resumed")
+    after = load_records(tmp_path / "records")
     for rank in (0, 1):
         expected = before[rank]["train"]["0"][5:] + before[rank]["train"]["1"]
         assert after[rank]["train"]["0"] + after[rank]["train"]["1"] == expected, rank
-    final = torch.load(tmp_path / "resumed/logs/demo/version_0/checkpoints/last.ckpt", weights_only=True)
-    reference = torch.load(tmp_path / "whole/logs/demo/version_0/checkpoints/last.ckpt", weights_only=True)
+    final = torch.load(tmp_path / "logs/demo/version_0/checkpoints/last.ckpt", weights_only=True)
+    reference = torch.load(cwd / "logs/demo/version_0/checkpoints/last.ckpt", weights_only=True)
     diff = max(
         (final["state_dict"][k] - reference["state_dict"][k]).abs().max().item() for k in reference["state_dict"]
     )

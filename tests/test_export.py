@@ -17,7 +17,7 @@ from project.data.shards import INDEX_NAME, Shard, write_index
 from project.errors import UserError
 from project.export import main
 
-from .conftest import REPO, run_module
+from .conftest import REPO, run_here
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,7 +55,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--data.image_size=16", "--data.batch_size=32", "--data.num_workers=0", "--model.width=8",
             "--trainer.max_epochs=2", "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false"]  # fmt: skip
-    result = run_module("project.train", *args, cwd=folder)
+    result = run_here("project.train", *args, cwd=folder)
     assert result.returncode == 0, result.stderr[-3000:]
     return folder / "logs" / "demo" / "version_0"
 

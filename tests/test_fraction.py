@@ -15,7 +15,7 @@ from project.data.plan import fraction_counts, total_batches, train_plan
 from project.errors import UserError
 from project.tasks.image.data import ImageShards
 
-from .conftest import run_module
+from .conftest import run_here
 
 shard_sizes = st.lists(st.integers(0, 80), min_size=1, max_size=15)
 fractions = st.floats(0.001, 1.0, allow_nan=False)
@@ -103,7 +103,7 @@ def test_scaling_trains_each_fraction_and_writes_a_csv_and_a_plot(tiny_demo, tmp
             "--data.num_workers=0", "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
             "--trainer.num_sanity_val_steps=0", "--trainer.limit_test_batches=2", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false"]  # fmt: skip
-    result = run_module("project.scaling", *args, cwd=tmp_path)
+    result = run_here("project.scaling", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     folder = tmp_path / "logs" / "demo-scaling"
     assert f"scaling runs: {Path('logs') / 'demo-scaling'}" in result.stderr

@@ -19,7 +19,7 @@ from project.tasks.image.batch import ImageBatch
 from project.tasks.image.model import ImageClassifier
 from project.tasks.image.report import render_confusion_matrix
 
-from .conftest import REPO, run_module
+from .conftest import REPO, run_here
 
 LISTED = [
     "small_cnn",
@@ -237,7 +237,7 @@ def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_r
         "--data.num_workers=0",
         "--trainer.enable_progress_bar=false",
     ]
-    result = run_module("project.train", *args, cwd=tmp_path)
+    result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "logs" / "mobilenet_v3_finetune" / "version_0"
     events = EventAccumulator(str(run), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
@@ -260,7 +260,7 @@ def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_r
     assert grid.width > 16 * 8  # an 8-wide grid of the batch
 
     weights.unlink()  # the checkpoint holds every weight: evaluating needs neither the file nor a download
-    evaluated = run_module("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", cwd=tmp_path)
+    evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert 0.0 <= json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] <= 1.0
 

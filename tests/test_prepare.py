@@ -19,7 +19,7 @@ from project.shards.index import build_index
 from project.shards.prepare import prepare
 from project.shards.sources import sanitize_key
 
-from .conftest import run_module
+from .conftest import run_here
 
 CLASSES = ["cat", "dog", "eel"]
 
@@ -161,7 +161,7 @@ def test_a_restart_keeps_finished_shards_and_redoes_the_rest(image_folder, tmp_p
     assert_round_trip(out, expected)
     assert not list((out / "train").glob("*.tmp")), "a half-written shard was left behind"
     args = [str(root), "--out", str(out), "--samples-per-shard", "4", "--seed", "5"]
-    result = run_module("project.data.prepare", *args, cwd=tmp_path)
+    result = run_here("project.data.prepare", *args, cwd=tmp_path)
     assert result.returncode == 2 and "holds a prepare run with other settings (seed)" in result.stderr
 
 
@@ -197,7 +197,7 @@ def test_gnu_tar_shards_are_indexed_and_trained_on(tmp_path, compress, labels):
     assert not problems and index.nsamples == 24 and [s.nsamples for s in index.shards] == [15, 9]
     assert index.extra["classes"] == (sorted(CLASSES) if labels == "txt" else ["0", "1", "2"])
     args = [f"--data.{split}={shards}" for split in ("train", "val", "test")]
-    result = run_module("project.train", *args, "--data.image_size=16", "--data.batch_size=8", "--data.num_workers=0",
+    result = run_here("project.train", *args, "--data.image_size=16", "--data.batch_size=8", "--data.num_workers=0",
                         "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test/acc" in result.stdout
@@ -210,7 +210,7 @@ def test_index_reports_corrupt_members(tmp_path):
     (files / "sample0007.cls").unlink()
     subprocess.run(["tar", "-cf", str(tmp_path / "x.tar"), *sorted(p.name for p in files.iterdir())], cwd=files,
                    check=True)  # fmt: skip
-    result = run_module("project.data.index", str(tmp_path / "x.tar"), "--out", str(tmp_path / "i.json"))
+    result = run_here("project.data.index", str(tmp_path / "x.tar"), "--out", str(tmp_path / "i.json"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "2 problem(s) found" in result.stdout
     assert "sample0003: .jpg does not decode" in result.stdout and "sample0007: no label member" in result.stdout
@@ -227,14 +227,14 @@ def test_other_image_modes_and_sizes_train_and_inspect(tmp_path):
             path = root / name / f"{i}.{'jpg' if format == 'JPEG' else 'png'}"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(image_bytes(i, format, size, mode))
-    prepared = run_module("project.data.prepare", str(root), "--out", str(tmp_path / "out"), "--workers", "1",
+    prepared = run_here("project.data.prepare", str(root), "--out", str(tmp_path / "out"), "--workers", "1",
                           "--val-fraction", "0.25", "--test-fraction", "0.25", cwd=tmp_path)  # fmt: skip
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     args = [f"--data.root={tmp_path / 'out'}", "--data.image_size=16", "--data.batch_size=4", "--data.num_workers=0"]
     args += ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", "--data.max_skipped_fraction=0"]
-    result = run_module("project.train", *args, cwd=tmp_path)
+    result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    inspected = run_module("project.data.inspect", str(tmp_path / "out"), "--samples", "9", cwd=tmp_path)
+    inspected = run_here("project.data.inspect", str(tmp_path / "out"), "--samples", "9", cwd=tmp_path)
     assert inspected.returncode == 0, inspected.stderr[-3000:]
     assert "train: 1 shards, 12 samples" in " ".join(inspected.stdout.split())
     assert "I;16" in inspected.stdout and "640x480" in inspected.stdout

@@ -18,7 +18,7 @@ from project.data.shards import resolve_shards
 from project.data.stream import ShardStream
 from project.tasks.image.demo import make_demo
 
-from .conftest import image_task, run_module
+from .conftest import image_task, run_here
 from .helpers import load_records
 from .test_pipeline import epoch_batches, keys_of
 
@@ -127,7 +127,7 @@ def test_training_from_a_flaky_http_server_sees_the_exact_samples(server, tmp_pa
         "--trainer.enable_progress_bar=false",
         f"--trainer.callbacks+={json.dumps(recorder)}",
     ]
-    result = run_module("project.train", *args, cwd=tmp_path / "d")
+    result = run_here("project.train", *args, cwd=tmp_path / "d")
     assert result.returncode == 0, result.stderr[-3000:]
     records = load_records(tmp_path / "records")[0]
     train = [key for batch in records["train"]["0"] for key in batch]

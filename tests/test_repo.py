@@ -5,11 +5,8 @@ modules, options, configs and scripts that exist."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, run_module
+from .conftest import REPO, run_here
 
 README = REPO / "README.md"
 ALL_CONFIGS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "configs").rglob("*.y*ml"))
@@ -39,28 +36,6 @@ def entry_points() -> list[str]:
 
 ENTRY_POINTS = entry_points()
 
-# Runs `python -m MODULE ARGS...` for many commands in one interpreter (runpy is what `-m` uses), so that
-# torch and Lightning are imported once, not once per command: one process instead of dozens of seconds.
-RUNNER = """
-import contextlib, io, json, runpy, sys, traceback
-commands, output_path, results = json.loads(sys.argv[1]), sys.argv[2], []
-for module, *args in commands:
-    sys.argv, out, err, code = [module, *args], io.StringIO(), io.StringIO(), 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        except SystemExit as exit:
-            code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
-            if isinstance(exit.code, str):
-                print(exit.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    results.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
-with open(output_path, "w") as file:
-    json.dump(results, file)
-"""
-
 
 def config_command(config: str) -> tuple[str, ...]:
     return ("project.train", "--config", str(REPO / config), "--print_config")
@@ -72,14 +47,15 @@ def help_command(module: str) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], dict]:
-    """Exit code, stdout and stderr of every config's --print_config and every entry point's --help."""
+    """Exit code, stdout and stderr of every config's --print_config and every entry point's --help, each
+    run in this process (`run_here`): torch and Lightning are imported once, not once per command."""
     folder = tmp_path_factory.mktemp("commands")
-    (folder / "command_runner.py").write_text(RUNNER)
     commands = [DEFAULTS] + [config_command(c) for c in CONFIGS] + [help_command(m) for m in ENTRY_POINTS]
-    output = folder / "results.json"
-    process = run_module("command_runner", json.dumps(commands), str(output), cwd=folder, timeout=300)
-    assert process.returncode == 0 and output.exists(), process.stderr[-3000:]
-    return dict(zip(commands, json.loads(output.read_text()), strict=True))
+    found = {}
+    for command in commands:
+        result = run_here(*command, cwd=folder)
+        found[command] = {"returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
+    return found
 
 
 def describe(result: dict) -> str:
@@ -232,45 +208,6 @@ def test_the_docker_requirements_are_the_dependencies_of_pyproject():
     everything = requirements("dev")
     assert set(project["optional-dependencies"]["export"]) <= set(everything)  # dev names the project's extras
     assert not [r for r in everything if r.startswith(project["name"])]
-
-
-def run_script(script: str, *args: str, env: dict[str, str], cwd: Path, timeout: int = 240):
-    command = [str(REPO / "scripts" / script), *args]
-    process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **env}, text=True, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        pytest.fail(f"{script} timed out after {timeout} s\n{process.communicate()[0][-3000:]}")
-    return process.returncode, output
-
-
-def test_launcher_scripts_are_valid_bash_and_name_existing_configs():
-    scripts = sorted((REPO / "scripts").glob("*.sh")) + sorted((REPO / "scripts").glob("*.sbatch"))
-    assert {"torchrun_single_node.sh", "torchrun_multi_node.sh", "slurm.sbatch"} <= {s.name for s in scripts}
-    for script in scripts:
-        subprocess.run(["bash", "-n", str(script)], check=True)
-        configs = re.findall(r"configs/[\w/.-]+\.yaml", script.read_text())
-        assert configs and all((REPO / config).is_file() for config in configs), script.name
-
-
-@pytest.mark.slow
-def test_multi_node_launcher_starts_ranks_that_train_together(tiny_demo, tmp_path):
-    """The torchrun multi-node script as node 0 of 1, with 2 CPU processes (gloo) instead of GPUs."""
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {"NNODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "GPUS_PER_NODE": "2", "PYTHON": sys.executable, "PYTHONWARNINGS": "ignore"}  # fmt: skip
-    overrides = [f"--data.root={tiny_demo}", "--data.image_size=16", "--data.batch_size=32",
-                 "--data.num_workers=0", "--trainer.accelerator=cpu", "--trainer.max_epochs=1",
-                 "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false",
-                 "--trainer.enable_model_summary=false", "--trainer.logger.init_args.name=launched"]  # fmt: skip
-    returncode, output = run_script("torchrun_multi_node.sh", *overrides, env=env, cwd=tmp_path)
-    assert returncode == 0, output[-4000:]
-    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in output, output[-4000:]  # torchrun started both ranks
-    assert (tmp_path / "logs" / "launched" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 
 
 # --- the README's commands -------------------------------------------------------------------------------

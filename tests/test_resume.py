@@ -15,7 +15,7 @@ import torch
 
 from project.tasks.image.demo import make_demo
 
-from .conftest import REPO, run_module
+from .conftest import REPO, run_here
 from .helpers import load_records
 
 pytestmark = pytest.mark.slow
@@ -61,46 +61,58 @@ def keys_from(records: dict, start_epoch: int, start_batch: int) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_weights(data, tmp_path, workers):
-    every_7_steps = {
-        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-        "init_args": {"dirpath": str(tmp_path / "steps"), "filename": "{step}", "every_n_train_steps": 7,
-                      "save_top_k": -1},
-    }  # fmt: skip
-    checkpoints = f"--trainer.callbacks+={json.dumps(every_7_steps)}"
-    whole = run_module("project.train", *train_args(data, workers, tmp_path / "whole", checkpoints), cwd=tmp_path)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    uninterrupted = load_records(tmp_path / "whole")
+def every_7_steps(folder: Path) -> str:
+    callback = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"dirpath": str(folder), "filename": "{step}", "every_n_train_steps": 7,
+                              "save_top_k": -1}}  # fmt: skip
+    return f"--trainer.callbacks+={json.dumps(callback)}"
 
-    for step in (7, 21):  # mid epoch 0 (batch 7), and mid epoch 1 (batch 3: an odd count rotates the workers)
-        ckpt = tmp_path / "steps" / f"step={step}.ckpt"
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    """{workers: the folder of an uninterrupted 2-epoch run with step checkpoints every 7 steps}: what the
+    interrupted runs must equal. Module-scoped: the SIGTERM test compares against the 2-worker one too."""
+
+    def run(workers: int) -> Path:
+        folder = tmp_path_factory.mktemp(f"whole{workers}")
+        args = train_args(data, workers, folder / "records", every_7_steps(folder / "steps"))
+        result = run_here("project.train", *args, cwd=folder)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return folder
+
+    return {workers: run(workers) for workers in (0, 2)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_weights(
+    data, tmp_path, workers, uninterrupted
+):
+    whole = uninterrupted[workers]
+    records = load_records(whole / "records")
+    expected = weights(whole / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt")
+    # mid epoch 0 (batch 7), and mid epoch 1 (batch 3: an odd count rotates the workers)
+    for step in (7, 21):
+        ckpt = whole / "steps" / f"step={step}.ckpt"
         loader_state = torch.load(ckpt, weights_only=True)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
         assert loader_state[0]["batches"] == step % 18 and loader_state[0]["epoch"] == step // 18
-        resumed = run_module("project.train", *train_args(data, workers, tmp_path / f"from{step}"),
-                             f"--ckpt_path={ckpt}", cwd=tmp_path)  # fmt: skip
+        folder = tmp_path / f"from{step}"
+        resumed = run_here("project.train", *train_args(data, workers, folder / "records"), f"--ckpt_path={ckpt}",
+                           cwd=tmp_path)  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        seen = keys_from(load_records(tmp_path / f"from{step}"), 0, 0)
-        assert seen == keys_from(uninterrupted, step // 18, step % 18)
-        runs = sorted((tmp_path / "logs" / "demo").iterdir())
-        final, expected = (
-            weights(runs[-1] / "checkpoints" / "last.ckpt"),
-            weights(runs[0] / "checkpoints" / "last.ckpt"),
-        )
+        assert keys_from(load_records(folder / "records"), 0, 0) == keys_from(records, step // 18, step % 18)
+        final = weights(sorted((tmp_path / "logs" / "demo").iterdir())[-1] / "checkpoints" / "last.ckpt")
         assert max((final[name] - expected[name]).abs().max().item() for name in expected) == 0.0
 
 
-def test_sigterm_saves_the_current_step_and_ckpt_path_last_finishes_like_an_uninterrupted_run(data, tmp_path):
+def test_sigterm_saves_the_current_step_and_ckpt_path_last_finishes_like_an_uninterrupted_run(
+    data, tmp_path, uninterrupted
+):
     slow = {"class_path": "tests.helpers.AnnounceSteps", "init_args": {"delay": 0.2}}
-    args = [*train_args(data, 2, tmp_path / "records"), f"--trainer.callbacks+={json.dumps(slow)}"]
-    (tmp_path / "whole").mkdir()
+    args = train_args(data, 2, tmp_path / "records")
     (tmp_path / "cut").mkdir()
-    whole = run_module("project.train", *args, cwd=tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     with open(tmp_path / "cut.err", "w") as errors:
-        command = [sys.executable, "-m", "project.train", *args]
+        command = [sys.executable, "-m", "project.train", *args, f"--trainer.callbacks+={json.dumps(slow)}"]
         options = dict(cwd=tmp_path / "cut", env=env, stderr=errors, text=True, start_new_session=True)
         process = subprocess.Popen(command, stdout=subprocess.PIPE, **options)
         for line in process.stdout:
@@ -118,16 +130,16 @@ def test_sigterm_saves_the_current_step_and_ckpt_path_last_finishes_like_an_unin
     step = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
     assert 1 <= step < 10, step  # saved at the step where the signal arrived, far from the end (36)
 
-    resumed = run_module("project.train", *args, "--ckpt_path=last", cwd=tmp_path / "cut")
+    resumed = run_here("project.train", *args, "--ckpt_path=last", cwd=tmp_path / "cut")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming {Path('logs/demo/version_0/checkpoints/last.ckpt')}" in resumed.stderr
     assert [p.name for p in (tmp_path / "cut" / "logs" / "demo").iterdir()] == ["version_0"]
     final = weights(run / "checkpoints" / "last.ckpt")
-    expected = weights(tmp_path / "whole" / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt")
+    expected = weights(uninterrupted[2] / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt")
     assert max((final[name] - expected[name]).abs().max().item() for name in expected) == 0.0
 
 
 def test_ckpt_path_last_without_a_previous_run_is_a_clear_error(tmp_path):
-    result = run_module("project.train", "--ckpt_path=last", "--data.root=nowhere", cwd=tmp_path)
+    result = run_here("project.train", "--ckpt_path=last", "--data.root=nowhere", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"error: --ckpt_path last: no run in {Path('logs/demo')} has" in result.stderr

@@ -21,7 +21,7 @@ from project.tasks.image.device_decode import DeviceDecoder, crop_resize, decode
 from project.tasks.image.model import ImageClassifier
 from project.tasks.image.transforms import build_transform, pixels, to_uint8_tensor, transform_all
 
-from .conftest import REPO, run_module, write_shards
+from .conftest import REPO, run_here, write_shards
 
 
 def demo_jpeg(size: int, seed: int) -> bytes:
@@ -167,7 +167,7 @@ def test_the_profile_config_writes_traces_and_a_summary_into_the_run_folder(tiny
             "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1", "--trainer.profiler.init_args.wait=1",
             "--trainer.profiler.init_args.active=2",
             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
-    result = run_module("project.train", *args, cwd=tmp_path)
+    result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "logs" / "demo" / "version_0"
     traces = list(run.glob("fit-profile-*training_step*.pt.trace.json"))

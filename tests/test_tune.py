@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from project.errors import UserError
 from project.tune import as_flags, load_search, main, open_study, suggest
 
-from .conftest import REPO, run_module
+from .conftest import REPO, run_here
 
 TINY = ["--data.image_size=16", "--data.batch_size=32", "--data.num_workers=0", "--trainer.max_epochs=1",
         "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0",
@@ -79,7 +79,7 @@ def test_a_search_key_that_is_no_config_key_stops_before_any_trial(tiny_demo, tm
 @pytest.mark.slow
 def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_path):
     data = f"--data.root={tiny_demo}"
-    first = run_module("project.tune", "--n-trials=2", f"--search={write_search(tmp_path / 'a.yaml')}",
+    first = run_here("project.tune", "--n-trials=2", f"--search={write_search(tmp_path / 'a.yaml')}",
                        "--study-name=tiny", data, *TINY, cwd=tmp_path)  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
     storage = f"sqlite:///{tmp_path / 'logs' / 'tiny' / 'study.db'}"
@@ -96,7 +96,7 @@ def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_p
 
     # resumed with a pruner that prunes at the first report: the study grows to 3 trials, the third pruned
     pruner = {"name": "ThresholdPruner", "lower": 1.01}
-    resumed = run_module("project.tune", "--n-trials=3", f"--search={write_search(tmp_path / 'b.yaml', pruner)}",
+    resumed = run_here("project.tune", "--n-trials=3", f"--search={write_search(tmp_path / 'b.yaml', pruner)}",
                          "--study-name=tiny", data, *TINY, cwd=tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
@@ -104,7 +104,7 @@ def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_p
     assert "trial 2 pruned" in resumed.stderr
 
     best = max(trials[:2], key=lambda t: t.value)
-    trained = run_module("project.train", "--config=logs/tiny/best.yaml", "--trainer.limit_test_batches=1",
+    trained = run_here("project.train", "--config=logs/tiny/best.yaml", "--trainer.limit_test_batches=1",
                          cwd=tmp_path)  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
     config = yaml.safe_load((tmp_path / "logs" / "tiny" / "version_0" / "config.yaml").read_text())

@@ -44,7 +44,8 @@ class EpochLoader(DataLoader):
         # batches leave the stream complete: DataLoader's default_convert would only walk every field
         kwargs.setdefault("collate_fn", as_is)
         if workers > 0:
-            kwargs["multiprocessing_context"] = worker_context(worker_start)  # see project/data/workers.py
+            # see project/data/workers.py; the task's module is preloaded if this starts the forkserver
+            kwargs["multiprocessing_context"] = worker_context(worker_start, [type(dataset.task).__module__])
         super().__init__(dataset, batch_size=None, worker_init_fn=WorkerInit(), **kwargs)
         self.datamodule = datamodule
 

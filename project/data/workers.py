@@ -114,10 +114,11 @@ def as_is(batch: object) -> object:
     return batch
 
 
-def worker_context(method: StartMethod) -> BaseContext:
+def worker_context(method: StartMethod, modules: Sequence[str] = ()) -> BaseContext:
     """The multiprocessing context DataLoader workers start with; for forkserver, its server is started now
-    (see `start_forkserver`). Where forkserver does not exist (Windows), spawn."""
-    if method == "forkserver" and not start_forkserver():
+    (see `start_forkserver`, which preloads `modules` if this starts it). Where forkserver does not exist
+    (Windows), spawn."""
+    if method == "forkserver" and not start_forkserver(modules):
         method = "spawn"
     return multiprocessing.get_context(method)
 
