@@ -126,8 +126,8 @@ def run_here(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     paying a new interpreter's imports (4-5 s here). What a run changes for the whole process (torch's
     threads, deterministic algorithms) is put back.
 
-    For runs whose output or processes the test does not examine: signals, DDP ranks, timeouts and a
-    killed process need `run_module`."""
+    Signals, timeouts, a killed process and DDP need `run_module`: Lightning's launcher of DDP ranks kills
+    the process that started them (here pytest itself) when one of them fails."""
     stdout, stderr, code = io.StringIO(), io.StringIO(), 0
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     argv, folder = sys.argv, os.getcwd()

@@ -110,7 +110,9 @@ def test_test_metrics_on_two_processes_equal_one_process(ddp_run):
     cwd, _, _ = ddp_run
     ckpt = cwd / "logs" / "demo" / "version_0" / "checkpoints" / "best.ckpt"
     metrics = {}
-    for name, extra in (("single", []), ("ddp", ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")])):
+    # the run's config.yaml (which evaluate loads) says 2 processes; one process must be asked for
+    single = ["--trainer.devices=1", "--trainer.strategy=auto"]
+    for name, extra in (("single", single), ("ddp", ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")])):
         run = run_module if name == "ddp" else run_here  # one process needs no interpreter of its own
         result = run("project.evaluate", f"--ckpt_path={ckpt}", *extra, "--data.num_workers=2", *QUIET, cwd=cwd)
         assert result.returncode == 0, result.stderr[-4000:]
