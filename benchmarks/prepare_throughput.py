@@ -2,7 +2,7 @@
 
     python benchmarks/prepare_throughput.py [--images N] [--repeats R] [--json]
 
-Measured side by side in one run, on the same files (JPEGs of about 10 kB in 10 class folders, no
+Measured side by side in one run, on the same files (JPEGs of about 20 kB in 10 class folders, no
 re-encoding): prepare with --workers 1, prepare with --workers 2, and a plain `tar -cf` of the same
 tree, the I/O bound. Medians of R repeats; the ratios are what to compare across machines.
 """

@@ -111,6 +111,11 @@ def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     if missing or unexpected:
         names = ", ".join([*(f"missing {k}" for k in missing[:2]), *(f"unexpected {k}" for k in unexpected[:2])])
         raise UserError(f"{ckpt_path} does not fit the model of its run's config: {names}")
+    if not hasattr(cli.model, "inputs_and_targets"):
+        raise UserError(
+            f"project.export checks an export on batches of its split, so it needs a model with "
+            f"inputs_and_targets(batch) (what forward takes, and the labels); {type(cli.model).__name__} has none"
+        )
     cli.model.cpu().eval()
     return cli
 

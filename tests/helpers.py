@@ -1,4 +1,5 @@
-"""A callback for tests that run the CLI in subprocesses: it records, per rank, the keys of every batch."""
+"""Callbacks for tests that run the CLI, and the flags that add them: the keys of every batch per rank,
+step checkpoints, and a line after each step."""
 
 from __future__ import annotations
 
@@ -9,6 +10,20 @@ from collections import defaultdict
 from pathlib import Path
 
 from lightning.pytorch import Callback
+
+
+def recorder(folder: Path) -> str:
+    """A train flag that adds `RecordBatches`, writing into `folder`."""
+    callback = {"class_path": "tests.helpers.RecordBatches", "init_args": {"folder": str(folder)}}
+    return f"--trainer.callbacks+={json.dumps(callback)}"
+
+
+def step_checkpoints(folder: Path, every: int) -> str:
+    """A train flag that adds a ModelCheckpoint saving `folder`/step=N.ckpt every `every` steps, all kept."""
+    callback = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"dirpath": str(folder), "filename": "{step}", "every_n_train_steps": every,
+                              "save_top_k": -1}}  # fmt: skip
+    return f"--trainer.callbacks+={json.dumps(callback)}"
 
 
 class RecordBatches(Callback):

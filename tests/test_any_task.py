@@ -4,7 +4,6 @@ DDP with equal batches and exactly-once evaluation, with no change to any file o
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from project.data.shards import resolve_shards
 from project.train import main as train
 
 from .conftest import REPO, run_module
-from .helpers import load_records
+from .helpers import load_records, recorder, step_checkpoints
 from .regression_task import VectorBatch, VectorShards, write_vector_shards
 
 pytestmark = pytest.mark.slow
@@ -31,18 +30,6 @@ QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=
 def data(tmp_path_factory) -> tuple[Path, dict[str, list[str]]]:
     root = tmp_path_factory.mktemp("vectors")
     return root, write_vector_shards(root, SIZES)
-
-
-def recorder(folder: Path) -> str:
-    callback = {"class_path": "tests.helpers.RecordBatches", "init_args": {"folder": str(folder)}}
-    return f"--trainer.callbacks+={json.dumps(callback)}"
-
-
-def every_n_steps(folder: Path, steps: int) -> str:
-    callback = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                "init_args": {"dirpath": str(folder), "filename": "{step}", "every_n_train_steps": steps,
-                              "save_top_k": -1}}  # fmt: skip
-    return f"--trainer.callbacks+={json.dumps(callback)}"
 
 
 def train_args(root: Path, records: Path, *extra: str) -> list[str]:
@@ -69,7 +56,7 @@ def test_it_trains_and_resumes_exactly_mid_epoch(data, tmp_path, monkeypatch):
     for folder in ("whole", "resumed"):
         (tmp_path / folder).mkdir()
     monkeypatch.chdir(tmp_path / "whole")
-    train(train_args(root, tmp_path / "r_whole", every_n_steps(tmp_path / "steps", 5)))
+    train(train_args(root, tmp_path / "r_whole", step_checkpoints(tmp_path / "steps", 5)))
     run = tmp_path / "whole" / "logs" / "demo" / "version_0"
     events = EventAccumulator(str(run))
     events.Reload()

@@ -20,16 +20,11 @@ from project.data.shards import resolve_shards
 from project.tasks.image.demo import make_demo
 
 from .conftest import REPO, run_here, run_module
-from .helpers import load_records
+from .helpers import load_records, recorder, step_checkpoints
 
 pytestmark = pytest.mark.slow
 BATCH = 16
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-
-
-def recorder(folder: Path) -> str:
-    callback = {"class_path": "tests.helpers.RecordBatches", "init_args": {"folder": str(folder)}}
-    return f"--trainer.callbacks+={json.dumps(callback)}"
 
 
 def all_keys(folder: Path) -> list[str]:
@@ -54,18 +49,11 @@ def ddp_args(data: Path) -> list[str]:
     ]
 
 
-def every_5_steps(folder: Path) -> str:
-    callback = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                "init_args": {"dirpath": str(folder), "filename": "{step}", "every_n_train_steps": 5,
-                              "save_top_k": -1}}  # fmt: skip
-    return f"--trainer.callbacks+={json.dumps(callback)}"
-
-
 @pytest.fixture(scope="module")
 def ddp_run(data, tmp_path_factory):
     """One 2-process DDP training run through the CLI, with step checkpoints every 5 steps."""
     cwd = tmp_path_factory.mktemp("ddprun")
-    result = run_module("project.train", *ddp_args(data), recorder(cwd / "records"), every_5_steps(cwd / "steps"),
+    result = run_module("project.train", *ddp_args(data), recorder(cwd / "records"), step_checkpoints(cwd / "steps", 5),
                         cwd=cwd)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return cwd, result, load_records(cwd / "records")

@@ -16,7 +16,7 @@ import torch
 from project.tasks.image.demo import make_demo
 
 from .conftest import REPO, run_here
-from .helpers import load_records
+from .helpers import load_records, recorder, step_checkpoints
 
 pytestmark = pytest.mark.slow
 BATCH = 16  # 300 training samples: 18 batches an epoch
@@ -30,17 +30,11 @@ def data(tmp_path_factory) -> Path:
 
 
 def train_args(data: Path, workers: int, records: Path, *extra: str) -> list[str]:
-    recorder = {"class_path": "tests.helpers.RecordBatches", "init_args": {"folder": str(records)}}
     return [
-        *(
-            f"--data.root={data}",
-            "--data.image_size=16",
-            f"--data.batch_size={BATCH}",
-            "--data.augment=light",
-        ),
+        *(f"--data.root={data}", "--data.image_size=16", f"--data.batch_size={BATCH}", "--data.augment=light"),
         *(f"--data.num_workers={workers}", "--trainer.max_epochs=2", "--trainer.deterministic=true"),
         *("--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"),
-        f"--trainer.callbacks+={json.dumps(recorder)}",
+        recorder(records),
         *extra,
     ]
 
@@ -61,13 +55,6 @@ def keys_from(records: dict, start_epoch: int, start_batch: int) -> list[str]:
     ]
 
 
-def every_7_steps(folder: Path) -> str:
-    callback = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                "init_args": {"dirpath": str(folder), "filename": "{step}", "every_n_train_steps": 7,
-                              "save_top_k": -1}}  # fmt: skip
-    return f"--trainer.callbacks+={json.dumps(callback)}"
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(data, tmp_path_factory):
     """{workers: the folder of an uninterrupted 2-epoch run with step checkpoints every 7 steps}: what the
@@ -75,7 +62,7 @@ def uninterrupted(data, tmp_path_factory):
 
     def run(workers: int) -> Path:
         folder = tmp_path_factory.mktemp(f"whole{workers}")
-        args = train_args(data, workers, folder / "records", every_7_steps(folder / "steps"))
+        args = train_args(data, workers, folder / "records", step_checkpoints(folder / "steps", 7))
         result = run_here("project.train", *args, cwd=folder)
         assert result.returncode == 0, result.stderr[-3000:]
         return folder
