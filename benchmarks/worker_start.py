@@ -25,8 +25,10 @@ import time
 from pathlib import Path
 
 METHODS = ("fork", "forkserver", "spawn")
-SERVER_START = "import time; t = time.perf_counter(); from project.data.workers import warm_forkserver; " \
-               "warm_forkserver(); print(time.perf_counter() - t)"  # fmt: skip
+SERVER_START = (
+    "import time; t = time.perf_counter(); from project.data.workers import warm_forkserver; "
+    "from project.tasks import WORKER_MODULES; warm_forkserver(WORKER_MODULES); print(time.perf_counter() - t)"
+)
 
 
 def one_epoch(index: Path, workers: int, method: str, settings: dict) -> tuple[float, float]:
@@ -54,6 +56,7 @@ def main() -> None:
     from project.bench.run import data_settings
     from project.data.shards import resolve_shards
     from project.data.workers import warm_forkserver
+    from project.tasks import WORKER_MODULES
 
     settings = data_settings()
     server_starts = [
@@ -61,7 +64,7 @@ def main() -> None:
                              check=True).stdout.split()[-1])
         for _ in range(3)
     ]  # fmt: skip
-    warm_forkserver()
+    warm_forkserver(WORKER_MODULES)
     train = resolve_shards(str(Path(args.data) / "train"))
     runs: dict[str, dict[str, list[float]]] = {m: {"first_batch_s": [], "samples_per_s": []} for m in METHODS}
     with tempfile.TemporaryDirectory() as scratch:

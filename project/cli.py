@@ -3,6 +3,8 @@ the model, and the help that shows both classes' options."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
 import sys
 import warnings
@@ -163,24 +165,19 @@ def print_help(parser: ArgumentParser, config: Any) -> None:
         if class_path is None:
             continue
         linked = {argument for _, argument in LINKS} if section == "model" else set()
-        classes = ArgumentParser(prog=parser.prog, usage=argparse_suppress())
+        classes = ArgumentParser(prog=parser.prog, usage=argparse.SUPPRESS)
         classes.add_class_arguments(import_class(class_path), nested_key=section, fail_untyped=False, skip=linked)
-        given = (chosen.init_args or {}).items() if getattr(chosen, "init_args", None) else ()
+        init_args = getattr(chosen, "init_args", None)
+        given = init_args.items() if init_args is not None else ()
         defaults = {f"{section}.{key}": value for key, value in given if key not in linked}
         classes.set_defaults(defaults)  # the configuration's values, not the class's own defaults
         print(f"\n{section} ({class_path}; pick another with --{section} CLASS):")
         print(classes.format_help().split("\n", 2)[-1])
 
 
-def argparse_suppress() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
-
-
 def import_class(class_path: str) -> type:
     module, _, name = class_path.rpartition(".")
-    return getattr(__import__(module, fromlist=[name]), name)
+    return getattr(importlib.import_module(module), name)
 
 
 def print_train_help(usage: str) -> None:

@@ -49,6 +49,7 @@ from project.data.samples import read_samples
 from project.data.shards import resolve_shards
 from project.data.workers import warm_forkserver
 from project.errors import UserError
+from project.tasks import WORKER_MODULES
 from project.tasks.image.data import DEMO_ROOT, ensure_demo
 
 # the template run trains without validation
@@ -74,7 +75,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     workers, size = args.workers, settings["image_size"]
     names = ("decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2", "imagefolder")
     runs: dict[str, list[float]] = {name: [] for name in names}
-    warm_forkserver()  # its one-time start (importing the pipeline) is not part of any epoch
+    warm_forkserver(WORKER_MODULES)  # its one-time start (importing the pipeline) is not part of any epoch
     for _ in range(args.repeats):
         for name, (rate, cpu) in (
             ("decode", decode_rate(samples, max(1, workers), size)),

@@ -123,9 +123,10 @@ def worker_context(method: StartMethod, modules: Sequence[str] = ()) -> BaseCont
     return multiprocessing.get_context(method)
 
 
-def warm_forkserver() -> None:
-    """Start the forkserver and wait until it has imported `preload()`: for benchmarks that time workers."""
-    process = worker_context("forkserver").Process(target=os.getpid)
+def warm_forkserver(modules: Sequence[str] = ()) -> None:
+    """Start the forkserver and wait until it has imported `preload(modules)`: for benchmarks that time
+    workers (a task's module not preloaded would be imported by every worker, in the timed epoch)."""
+    process = worker_context("forkserver", modules).Process(target=os.getpid)
     process.start()
     process.join()
 
