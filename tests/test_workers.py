@@ -181,3 +181,29 @@ def test_workers_and_their_server_stop_when_the_training_process_is_killed(demo)
     while time.monotonic() < deadline and any(process_alive(pid) for pid in (*workers, server)):
         time.sleep(0.2)
     assert not any(process_alive(pid) for pid in (*workers, server)), "orphaned workers or server"
+
+
+def stubborn_job(seconds: float) -> float:
+    """A job that ignores SIGTERM (as a pool worker does while it starts, like its forkserver) and runs long."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_pool_stopped_early_does_not_wait_for_workers_that_ignore_sigterm():
+    """Pool.terminate alone sends SIGTERM and then waits for each worker; one that ignores it (still starting
+    from the forkserver, which ignores SIGTERM) kept a test waiting forever. Stopping early kills them."""
+    import threading
+
+    from project.shards.parallel import imap_unordered
+
+    def stop_early() -> None:
+        results = imap_unordered(stubborn_job, [0.0, 60.0, 60.0], workers=2)
+        assert next(results) == 0.0
+        results.close()  # stop early: the two 60 s jobs are running, deaf to SIGTERM
+
+    stopping = threading.Thread(target=stop_early, daemon=True)  # a thread: a regression fails, not hangs
+    stopping.start()
+    stopping.join(timeout=30)
+    assert not stopping.is_alive(), "stopping the pool waited for workers that ignore SIGTERM"
+    assert sorted(imap_unordered(stubborn_job, [0.0, 0.1, 0.2], workers=2)) == [0.0, 0.1, 0.2]  # a normal end

@@ -24,5 +24,16 @@ def imap_unordered(
         yield from map(function, jobs)
         return
     context = worker_context("forkserver") if start_method is None else multiprocessing.get_context(start_method)
-    with context.Pool(workers, initializer=default_sigterm) as pool:
+    pool = context.Pool(workers, initializer=default_sigterm)
+    try:
         yield from pool.imap_unordered(function, jobs)
+        pool.close()  # every job done: the workers take their end marks and exit; no signal needed
+        pool.join()
+    finally:
+        # an error or an early stop: Pool.terminate sends SIGTERM, which a worker still starting ignores (as
+        # the forkserver it forks from does, until its initializer runs), and then waits for it forever (seen:
+        # a test hung in Pool.__exit__); SIGKILL first
+        for process in pool._pool:  # noqa: SLF001 - the pool's own processes
+            if process.exitcode is None:
+                process.kill()
+        pool.terminate()
