@@ -67,7 +67,7 @@ class TensorBoardReport(Callback):
         if metric:
             tags = [best_tag(metric), metric, metric.replace("val/", "test/", 1), *tags]
         # the HPARAMS tab reads each metric as the last value of the scalar with that tag
-        experiment, start, end = hparams(flat_hparams(trainer, pl_module), dict.fromkeys(dict.fromkeys(tags), 0.0))
+        experiment, start, end = hparams(flat_hparams(trainer, pl_module), dict.fromkeys(tags, 0.0))
         writer = logger.experiment._get_file_writer()
         for summary in (experiment, start, end):
             writer.add_summary(summary)

@@ -119,6 +119,14 @@ def write_index(
     return path
 
 
+def merged_extra(indexes: Sequence[ShardIndex]) -> dict:
+    """The other keys of several indexes as one: for a key in more than one, the first index's value."""
+    extra: dict = {}
+    for index in reversed(indexes):
+        extra.update(index.extra)
+    return extra
+
+
 def _expand(pattern: str) -> list[str]:
     """Brace-expand, then glob each part (sorted), keeping literal paths as they are."""
     urls: list[str] = []
@@ -133,14 +141,14 @@ def _expand(pattern: str) -> list[str]:
 def _sibling_indexes(paths: list[str]) -> tuple[dict[str, Shard], dict]:
     """Counts (and the other keys) for local shards from a shardindex.json in their folders, if any."""
     known: dict[str, Shard] = {}
-    extra: dict = {}
+    indexes: list[ShardIndex] = []
     for folder in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
         index_path = os.path.join(folder, INDEX_NAME)
         if os.path.exists(index_path):
             index = read_index(index_path, check_exists=False)
             known.update((os.path.abspath(shard.url), shard) for shard in index.shards)
-            extra = {**index.extra, **extra}  # the first folder's value of a key wins
-    return known, extra
+            indexes.append(index)
+    return known, merged_extra(indexes)
 
 
 def _resolve_pattern(pattern: str, count: Callable[[str], int]) -> ShardIndex:
@@ -204,7 +212,4 @@ def resolve_shards(spec: str | Sequence[str], count: Callable[[str], int] | None
     shards = [shard for part in parts for shard in part.shards]
     if not shards:
         raise UserError(f"no shards in {spec}")
-    extra: dict = {}
-    for part in reversed(parts):  # the first part's value of a key wins
-        extra.update(part.extra)
-    return ShardIndex(shards, parts[0].name if len(parts) == 1 else None, extra)
+    return ShardIndex(shards, parts[0].name if len(parts) == 1 else None, merged_extra(parts))

@@ -15,9 +15,9 @@ import torch
 from project.data.datamodule import ShardDataModule, check_positive
 from project.data.samples import Sample
 from project.data.stream import ShardStream
-from project.errors import DecodeError, UserError
+from project.errors import UserError
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch, ImageExample
-from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_label, decode_sample, index_classes
+from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_sample, index_classes, sample_label
 from project.tasks.image.demo import demo_is_complete, make_demo
 from project.tasks.image.device_decode import DeviceDecoder
 from project.tasks.image.transforms import Preset, build_transform, pixels, transform_all
@@ -95,11 +95,7 @@ class ImageShards(ShardDataModule):
         if self.decode_on == "device":
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if extension in ("jpg", "jpeg") and sample[extension].startswith(JPEG_MAGIC):
-                try:
-                    label = decode_label(sample, self.classes)
-                except (ValueError, UnicodeDecodeError) as error:
-                    raise DecodeError(f"cannot decode sample {sample['__key__']!r} in shard {sample['__url__']}: "
-                                      f"{error}") from None  # fmt: skip
+                label = sample_label(sample, self.classes)  # a bad label fails here, as on the CPU path
                 return ImageExample(label, jpeg=sample[extension], url=sample["__url__"])
         image, label = decode_sample(sample, self.image_size, self.classes)
         return ImageExample(label, pixels(image))

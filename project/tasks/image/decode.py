@@ -131,6 +131,14 @@ def decode_label(sample: dict, classes: Sequence[str] | None = None) -> int:
     return label_index(label_text(sample), classes)
 
 
+def sample_label(sample: dict, classes: Sequence[str] | None = None) -> int:
+    """`decode_label` for the stream: a sample without a usable label is a `DecodeError` naming it."""
+    try:
+        return decode_label(sample, classes)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DecodeError(f"cannot decode {_where(sample)}: {error}") from None
+
+
 def decode_sample(
     sample: dict, size: int | None = None, classes: Sequence[str] | None = None
 ) -> tuple[Image.Image | np.ndarray | torch.Tensor, int]:
