@@ -207,3 +207,33 @@ def test_a_pool_stopped_early_does_not_wait_for_workers_that_ignore_sigterm():
     stopping.join(timeout=30)
     assert not stopping.is_alive(), "stopping the pool waited for workers that ignore SIGTERM"
     assert sorted(imap_unordered(stubborn_job, [0.0, 0.1, 0.2], workers=2)) == [0.0, 0.1, 0.2]  # a normal end
+
+
+class NeedsTwoArguments(Exception):
+    def __init__(self, shard: str, why: str) -> None:
+        super().__init__(f"{shard}: {why}")
+
+
+def failing_job(job: int) -> int:
+    if job == 3:
+        raise ValueError("job 3 is bad")
+    if job == 4:
+        raise NeedsTwoArguments("shard-4", "unreadable")  # pickles, but does not unpickle
+    if job == 5:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer does
+    return job * 10
+
+
+def test_a_pool_raises_a_jobs_error_with_its_traceback_and_names_a_worker_that_died():
+    from project.shards.parallel import RemoteTraceback, WorkerDied, imap_unordered
+
+    assert sorted(imap_unordered(failing_job, range(3), workers=2)) == [0, 10, 20]
+    assert sorted(imap_unordered(failing_job, iter(range(3)), workers=8)) == [0, 10, 20]  # fewer jobs than workers
+    with pytest.raises(ValueError, match="job 3 is bad") as raised:
+        list(imap_unordered(failing_job, [0, 3, 1], workers=2))
+    assert isinstance(raised.value.__cause__, RemoteTraceback)
+    assert "failing_job" in str(raised.value.__cause__)  # the worker's traceback
+    with pytest.raises(RuntimeError, match="NeedsTwoArguments: shard-4: unreadable"):
+        list(imap_unordered(failing_job, [4], workers=2))
+    with pytest.raises(WorkerDied, match=r"killed by signal 9 \(out of memory\?\) on job 5"):
+        list(imap_unordered(failing_job, [0, 5, 1, 2], workers=2))
