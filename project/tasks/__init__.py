@@ -3,4 +3,4 @@
 
 # modules the DataLoader workers' forkserver imports once (project/data/workers.py): the built-in tasks'
 # data modules, whose decode and collate every worker runs
-WORKER_MODULES = ("project.tasks.image.data",)
+WORKER_MODULES = ("project.tasks.image.data", "project.tasks.text.data")

@@ -3,9 +3,6 @@ and augmented in the DataLoader workers (or decoded on the training device), bat
 
 from __future__ import annotations
 
-import os
-import sys
-import time
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -15,12 +12,13 @@ import torch
 from project.data.datamodule import ShardDataModule, check_positive
 from project.data.samples import Sample
 from project.data.stream import ShardStream
-from project.errors import UserError
+from project.tasks.demos import build_once, uses_folder
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch, ImageExample
-from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_sample, index_classes, sample_label
+from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_sample, sample_label
 from project.tasks.image.demo import demo_is_complete, make_demo
 from project.tasks.image.device_decode import DeviceDecoder
 from project.tasks.image.transforms import Preset, build_transform, pixels, transform_all
+from project.tasks.labels import data_classes
 
 DEMO_ROOT = Path("data/demo")
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -67,12 +65,7 @@ class ImageShards(ShardDataModule):
     @cached_property
     def classes(self) -> list[str]:
         """Class names, from the configuration or else from the first split whose index records them."""
-        if self._classes:
-            return list(self._classes)
-        for split in ("train", "val", "test"):
-            if self.specs[split] is not None and (names := index_classes(self.index(split))):
-                return names
-        raise UserError("no class names in the shard indexes: set data.classes (or rebuild the index)")
+        return data_classes(self, self._classes)
 
     @property
     def num_classes(self) -> int:
@@ -80,8 +73,7 @@ class ImageShards(ShardDataModule):
 
     def prepare_missing(self) -> None:
         """Build the demo data when the configuration reads it and it is missing."""
-        uses_demo = self.root and all(self.specs[split] == os.path.join(self.root, split) for split in self.specs)
-        if uses_demo and Path(self.root).resolve() == DEMO_ROOT.resolve():
+        if uses_folder(self, DEMO_ROOT):
             ensure_demo(DEMO_ROOT)
 
     def stream(self, split: str) -> ShardStream:
@@ -128,13 +120,5 @@ class ImageShards(ShardDataModule):
 
 
 def ensure_demo(root: Path) -> None:
-    """Build the demo data if it is missing; in a multi-process launch, local rank zero builds it."""
-    if demo_is_complete(root):
-        return
-    local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))  # torchrun, or srun
-    if local_rank != "0":
-        while not demo_is_complete(root):
-            time.sleep(1)
-        return
-    print(f"demo data not found in {root}: building it now (once, about 15 s)", file=sys.stderr)
-    make_demo(root)
+    """Build the image demo data if it is missing (see `build_once`)."""
+    build_once(root, demo_is_complete, make_demo, took="about 15 s")

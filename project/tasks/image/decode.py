@@ -16,8 +16,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torchvision.io import ImageReadMode
 
-from project.data.shards import ShardIndex
 from project.errors import DecodeError
+from project.tasks.labels import UnknownLabel, index_classes, label_index  # noqa: F401 - also imported from here
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "txt", "json")
@@ -91,12 +91,6 @@ def decode_array(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-def index_classes(index: ShardIndex) -> list[str] | None:
-    """The class names a shard index records (under "classes", beside the shard list), if any."""
-    names = index.extra.get("classes")
-    return [str(name) for name in names] if isinstance(names, list) else None
-
-
 def label_text(sample: dict) -> str:
     """The label as written: the text of `.cls` or `.txt`, or the label field of `.json`."""
     for extension in LABEL_EXTENSIONS:
@@ -110,20 +104,6 @@ def label_text(sample: dict) -> str:
                 raise ValueError(f"no {'/'.join(JSON_LABEL_FIELDS)} field in its .json")
             return str(value)
     raise ValueError(f"no label member (.{', .'.join(LABEL_EXTENSIONS)})")
-
-
-class UnknownLabel(ValueError):
-    """A label that is neither an integer nor one of the known class names."""
-
-
-def label_index(text: str, classes: Sequence[str] | None = None) -> int:
-    """The class index of a label text: an integer, or the position of a class name in `classes`."""
-    try:
-        return int(text)
-    except ValueError:
-        if classes is not None and text in classes:
-            return list(classes).index(text)
-        raise UnknownLabel(f"label {text!r} is neither an integer nor a known class name") from None
 
 
 def decode_label(sample: dict, classes: Sequence[str] | None = None) -> int:

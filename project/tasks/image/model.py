@@ -2,31 +2,25 @@
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 from typing import Any, Literal
 
-import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
-from torch import nn
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 from torchvision.transforms import v2
 
+from project.tasks.classifier import Classifier, decay_groups, lr_factor
 from project.tasks.image.backbones import build_backbone
 from project.tasks.image.batch import ImageBatch
-from project.tasks.image.report import CONFUSION_IMAGE_UP_TO, batch_grid, render_confusion_matrix
+from project.tasks.image.report import batch_grid
+
+__all__ = ["ImageClassifier", "lr_factor"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-PER_CLASS_SCALARS_UP_TO = 100  # more classes than this: per-class accuracy only in the confusion matrix
 
 
-class ImageClassifier(L.LightningModule):
+class ImageClassifier(Classifier):
     """An image classifier: a backbone (features) and a linear head, trained with cross-entropy.
 
     Args:
@@ -93,11 +87,7 @@ class ImageClassifier(L.LightningModule):
         std_tensor, mean_tensor = torch.tensor(std).view(1, -1, 1, 1), torch.tensor(mean).view(1, -1, 1, 1)
         self.register_buffer("scale", 1 / (255 * std_tensor), persistent=False)
         self.register_buffer("shift", mean_tensor / std_tensor, persistent=False)
-        self.metrics = nn.ModuleDict(
-            {f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro") for stage in ("train", "val", "test")}
-        )
-        self.mean_loss = nn.ModuleDict({f"{stage}_loss": MeanMetric() for stage in ("val", "test")})
-        self.confusion = MulticlassConfusionMatrix(num_classes)  # test only; synced across ranks
+        self.setup_metrics(num_classes)
         mixes = [v2.MixUp(alpha=mixup_alpha, num_classes=num_classes)] if mixup_alpha > 0 else []
         mixes += [v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)] if cutmix_alpha > 0 else []
         self.mix = v2.RandomChoice(mixes) if mixes else None
@@ -149,111 +139,24 @@ class ImageClassifier(L.LightningModule):
                 torch.manual_seed(seed % 2**63)
                 images, targets = self.mix(images, labels)
         logits = self.head(self.backbone(images))
-        loss = F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
-        self._log_stage("train", logits, labels, loss)
-        return loss
+        return self.score("train", logits, labels, self.loss(logits, targets))
 
     def validation_step(self, batch: ImageBatch, batch_idx: int) -> None:
-        logits = self(batch.image)
-        loss = F.cross_entropy(logits, batch.label, label_smoothing=self.hparams.label_smoothing)
-        self._log_stage("val", logits, batch.label, loss)
+        self.score("val", self(batch.image), batch.label)
 
     def test_step(self, batch: ImageBatch, batch_idx: int) -> None:
-        logits = self(batch.image)
-        loss = F.cross_entropy(logits, batch.label, label_smoothing=self.hparams.label_smoothing)
-        self.confusion.update(logits, batch.label)
-        self._log_stage("test", logits, batch.label, loss)
-
-    def _log_stage(self, stage: str, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor) -> None:
-        accuracy = self.metrics[f"{stage}_acc"]
-        accuracy(logits, labels)
-        size = len(labels)
-        if stage == "train":
-            self.log("train/loss", loss, prog_bar=True, batch_size=size)
-            self.log("train/acc", accuracy, on_step=False, on_epoch=True, batch_size=size)
-        else:
-            # metric objects sync across ranks once per epoch, weighted by samples: exact under DDP
-            self.mean_loss[f"{stage}_loss"].update(loss, weight=size)
-            self.log(f"{stage}/loss", self.mean_loss[f"{stage}_loss"], prog_bar=True, batch_size=size)
-            self.log(f"{stage}/acc", accuracy, prog_bar=True, batch_size=size)
+        self.score("test", self(batch.image), batch.label)
 
     def on_train_batch_start(self, batch: ImageBatch, batch_idx: int) -> None:
         """The first training batch of a fit, as the model sees it, as an image grid in TensorBoard."""
-        if not self._batch_logged and (logger := self._tensorboard()) is not None:
+        if not self._batch_logged and (logger := self.tensorboard()) is not None:
             logger.experiment.add_image("train/first_batch", batch_grid(batch.image), self.global_step)
         self._batch_logged = True
 
-    def on_test_epoch_end(self) -> None:
-        matrix = self.confusion.compute().cpu()  # identical on every rank
-        self.confusion.reset()
-        names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
-        if self.hparams.num_classes <= PER_CLASS_SCALARS_UP_TO:
-            per_class = matrix.diag() / matrix.sum(1).clamp(min=1)
-            for name, value in zip(names, per_class.tolist(), strict=True):
-                self.log(f"test/acc_class/{name}", value, sync_dist=False, rank_zero_only=True)
-        logger = self._tensorboard()
-        if logger is not None and len(matrix) <= CONFUSION_IMAGE_UP_TO:
-            logger.experiment.add_image("test/confusion_matrix", render_confusion_matrix(matrix, names), 0)
-            logger.experiment.flush()
-
-    def _tensorboard(self) -> TensorBoardLogger | None:
-        """The run's TensorBoard logger, on global rank zero only (images are written once)."""
-        if self._trainer is None or not self.trainer.is_global_zero:
-            return None
-        return next((logger for logger in self.loggers if isinstance(logger, TensorBoardLogger)), None)
-
-    # -- optimization --------------------------------------------------------------------------------
-
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Head and backbone, each split into decayed weights and undecayed norms, biases and embeddings."""
-        groups = []
         parts = (("head", self.head, 1.0), ("backbone", self.backbone, self.hparams.backbone_lr_factor))
+        groups = []
         for part, module, factor in parts:
-            decay, no_decay = [], []
-            for name, parameter in module.named_parameters():
-                embedding = any(part in name for part in ("pos_embed", "class_token", "relative_position"))
-                (no_decay if parameter.ndim <= 1 or embedding else decay).append(parameter)
-            lr = self.hparams.lr * factor
-            groups += [
-                {"name": part, "params": decay, "lr": lr, "weight_decay": self.hparams.weight_decay},
-                {"name": f"{part}_no_decay", "params": no_decay, "lr": lr, "weight_decay": 0.0},
-            ]
-        # frozen parameters stay in their groups: they get no gradient, and so no update
-        return [group for group in groups if group["params"]]
-
-    def configure_optimizers(self):  # noqa: ANN201
-        groups = self.parameter_groups()
-        if self.hparams.optimizer == "sgd":
-            optimizer = torch.optim.SGD(groups, lr=self.hparams.lr, momentum=self.hparams.momentum, nesterov=True)
-        else:
-            optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
-        if self.hparams.schedule == "constant" and self.hparams.warmup_fraction == 0:
-            return optimizer
-        # the total is this run's, read when the optimizer is (re)built: a resumed run that is longer, or
-        # on another number of devices, continues along its own schedule instead of overrunning the old one
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        factor = functools.partial(
-            lr_factor, total=total, warmup=self.hparams.warmup_fraction, shape=self.hparams.schedule
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def lr_factor(step: int, total: int, warmup: float, shape: str = "cosine") -> float:
-    """The learning rate at `step` of `total`, as a fraction of the peak.
-
-    cosine: linear warmup over the first `warmup` fraction, then cosine decay to zero.
-    onecycle: cosine rise from 1/25 over the warmup, then cosine decay to 1/1e4 (OneCycleLR's shape).
-    constant: linear warmup, then flat.
-    """
-    warmup_steps = int(total * warmup)
-    if step < warmup_steps:
-        if shape == "onecycle":
-            start = 1 / 25
-            return start + (1 - start) * 0.5 * (1 - math.cos(math.pi * (step + 1) / warmup_steps))
-        return (step + 1) / warmup_steps
-    if shape == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1, total - warmup_steps))
-    end = 1e-4 if shape == "onecycle" else 0.0
-    return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * progress))
+            groups += decay_groups(part, module, self.hparams.lr * factor, self.hparams.weight_decay)
+        return groups

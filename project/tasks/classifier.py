@@ -1,0 +1,140 @@
+"""What every classification task's LightningModule shares: accuracy and loss metrics that are exact under
+DDP, the test confusion matrix and per-class accuracy in TensorBoard, and the optimizer with its schedule.
+
+A task's model subclasses `Classifier`, builds its network, and calls `self.score(stage, logits, labels)`
+from its steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
+
+PER_CLASS_SCALARS_UP_TO = 100  # more classes than this: per-class accuracy only in the confusion matrix
+STAGES = ("train", "val", "test")
+
+
+class Classifier(L.LightningModule):
+    """The metrics, reports and optimization of a classifier. Its subclass's hyperparameters (saved with
+    `save_hyperparameters`) must include num_classes, class_names, optimizer, lr, momentum, weight_decay,
+    schedule, warmup_fraction and label_smoothing."""
+
+    def setup_metrics(self, num_classes: int) -> None:
+        """Accuracy per stage, mean loss for val and test, and the test confusion matrix."""
+        self.metrics = nn.ModuleDict(
+            {f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro") for stage in STAGES}
+        )
+        self.mean_loss = nn.ModuleDict({f"{stage}_loss": MeanMetric() for stage in ("val", "test")})
+        self.confusion = MulticlassConfusionMatrix(num_classes)  # test only; synced across ranks
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
+
+    def score(self, stage: str, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor | None = None):
+        """Log the stage's loss and accuracy (and count the test confusion matrix); returns the loss."""
+        loss = self.loss(logits, labels) if loss is None else loss
+        accuracy = self.metrics[f"{stage}_acc"]
+        accuracy(logits, labels)
+        size = len(labels)
+        if stage == "train":
+            self.log("train/loss", loss, prog_bar=True, batch_size=size)
+            self.log("train/acc", accuracy, on_step=False, on_epoch=True, batch_size=size)
+            return loss
+        if stage == "test":
+            self.confusion.update(logits, labels)
+        # metric objects sync across ranks once per epoch, weighted by samples: exact under DDP
+        self.mean_loss[f"{stage}_loss"].update(loss, weight=size)
+        self.log(f"{stage}/loss", self.mean_loss[f"{stage}_loss"], prog_bar=True, batch_size=size)
+        self.log(f"{stage}/acc", accuracy, prog_bar=True, batch_size=size)
+        return loss
+
+    def on_test_epoch_end(self) -> None:
+        """Per-class accuracy as scalars, and the confusion matrix as an image."""
+        matrix = self.confusion.compute().cpu()  # identical on every rank
+        self.confusion.reset()
+        names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
+        if self.hparams.num_classes <= PER_CLASS_SCALARS_UP_TO:
+            per_class = matrix.diag() / matrix.sum(1).clamp(min=1)
+            for name, value in zip(names, per_class.tolist(), strict=True):
+                self.log(f"test/acc_class/{name}", value, sync_dist=False, rank_zero_only=True)
+        logger = self.tensorboard()
+        if logger is not None and len(matrix) <= CONFUSION_IMAGE_UP_TO:
+            logger.experiment.add_image("test/confusion_matrix", render_confusion_matrix(matrix, names), 0)
+            logger.experiment.flush()
+
+    def tensorboard(self) -> TensorBoardLogger | None:
+        """The run's TensorBoard logger, on global rank zero only (images and texts are written once)."""
+        if self._trainer is None or not self.trainer.is_global_zero:
+            return None
+        return next((logger for logger in self.loggers if isinstance(logger, TensorBoardLogger)), None)
+
+    # -- optimization --------------------------------------------------------------------------------
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """Decayed weights, and undecayed norms, biases and embeddings (a subclass may split further)."""
+        return decay_groups("model", self, self.hparams.lr, self.hparams.weight_decay)
+
+    def configure_optimizers(self):  # noqa: ANN201
+        groups = self.parameter_groups()
+        if self.hparams.optimizer == "sgd":
+            optimizer = torch.optim.SGD(groups, lr=self.hparams.lr, momentum=self.hparams.momentum, nesterov=True)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
+        if self.hparams.schedule == "constant" and self.hparams.warmup_fraction == 0:
+            return optimizer
+        # the total is this run's, read when the optimizer is (re)built: a resumed run that is longer, or
+        # on another number of devices, continues along its own schedule instead of overrunning the old one
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        factor = functools.partial(
+            lr_factor, total=total, warmup=self.hparams.warmup_fraction, shape=self.hparams.schedule
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+NO_DECAY_NAMES = ("pos_embed", "class_token", "relative_position", "embedding", "embeddings")
+
+
+def decay_groups(part: str, module: nn.Module, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+    """`module`'s parameters in two groups: decayed weights, and undecayed norms, biases and embeddings."""
+    decay, no_decay = [], []
+    for name, parameter in module.named_parameters():
+        embedding = any(word in name for word in NO_DECAY_NAMES)
+        (no_decay if parameter.ndim <= 1 or embedding else decay).append(parameter)
+    # frozen parameters stay in their groups: they get no gradient, and so no update
+    groups = [
+        {"name": part, "params": decay, "lr": lr, "weight_decay": weight_decay},
+        {"name": f"{part}_no_decay", "params": no_decay, "lr": lr, "weight_decay": 0.0},
+    ]
+    return [group for group in groups if group["params"]]
+
+
+def lr_factor(step: int, total: int, warmup: float, shape: str = "cosine") -> float:
+    """The learning rate at `step` of `total`, as a fraction of the peak.
+
+    cosine: linear warmup over the first `warmup` fraction, then cosine decay to zero.
+    onecycle: cosine rise from 1/25 over the warmup, then cosine decay to 1/1e4 (OneCycleLR's shape).
+    constant: linear warmup, then flat.
+    """
+    warmup_steps = int(total * warmup)
+    if step < warmup_steps:
+        if shape == "onecycle":
+            start = 1 / 25
+            return start + (1 - start) * 0.5 * (1 - math.cos(math.pi * (step + 1) / warmup_steps))
+        return (step + 1) / warmup_steps
+    if shape == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total - warmup_steps))
+    end = 1e-4 if shape == "onecycle" else 0.0
+    return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * progress))
