@@ -61,6 +61,9 @@ class ShardDataModule(L.LightningDataModule):
         worker_start: how DataLoader workers start: forkserver (a fork of a clean helper process: safe
             beside the trainer's threads), spawn (a fresh interpreter each: slow), or fork (of the trainer:
             can deadlock, see project/data/workers.py). Datasets must pickle for the first two.
+        bucket_by_size: group training samples of similar size into batches, within the shuffle buffer
+            (less padding for texts of varied length; batches stay random in order). Best with a
+            shuffle_buffer of many batches.
     """
 
     # the tar members `decode` reads (lower-case extensions); no other member is ever read into memory
@@ -83,6 +86,7 @@ class ShardDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         cache_gb: float = 50.0,
         worker_start: StartMethod = "forkserver",
+        bucket_by_size: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -107,6 +111,7 @@ class ShardDataModule(L.LightningDataModule):
         self.max_skipped_fraction = max_skipped_fraction
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
         self.worker_start = worker_start
+        self.bucket_by_size = bucket_by_size
         if num_workers > 0 and worker_start == "forkserver":
             # it imports the stream and this task while the trainer sets up; the first workers need it
             start_forkserver([type(self).__module__])
@@ -187,6 +192,7 @@ class ShardDataModule(L.LightningDataModule):
             skip_corrupt=True,
             cache_dir=self.cache_dir,
             cache_bytes=self.cache_bytes,
+            bucket_by_size=self.bucket_by_size and split == "train",
         )
         if self.trainer is not None:
             stream.set_topology(self.trainer.world_size, self.trainer.global_rank)

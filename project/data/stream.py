@@ -54,18 +54,36 @@ class Missing:
     reason: str
 
 
-def shuffled(samples: Iterator, buffer_size: int, seed: int, first_chunk: int = 0) -> Iterator:
+def shuffled(
+    samples: Iterator, buffer_size: int, seed: int, first_chunk: int = 0, bucket: int | None = None
+) -> Iterator:
     """Shuffle encoded samples in chunks of `buffer_size`: memory is bounded by the buffer.
 
     Encoded bytes, not decoded examples: a decoded image is ~10x larger, so the buffer would hold 10x
     fewer samples. Each chunk's order depends only on (seed, chunk number), so a resumed epoch can skip
     whole chunks without reading them and still shuffle the next one as the uninterrupted run did.
+
+    With `bucket` (the batch size), each shuffled chunk is then cut into groups of `bucket` samples of
+    similar size (bytes, members together) and the groups come in a seeded random order: batches of
+    texts or audio of similar length pad less. The order is still a function of the chunk and the seed.
     """
     chunk = first_chunk
     while buffer := list(itertools.islice(samples, buffer_size)):
-        order = np.random.default_rng([seed, chunk]).permutation(len(buffer))
+        generator = np.random.default_rng([seed, chunk])
+        order = generator.permutation(len(buffer))
+        if bucket is not None and bucket > 1:
+            order = order[np.argsort([sample_bytes(buffer[i]) for i in order], kind="stable")]
+            groups = [order[start : start + bucket] for start in range(0, len(order), bucket)]
+            order = np.concatenate([groups[g] for g in generator.permutation(len(groups))])
         yield from (buffer[i] for i in order)
         chunk += 1
+
+
+def sample_bytes(sample: Sample | Missing) -> int:
+    """The encoded size of a sample's members (0 for a sample that could not be read)."""
+    if isinstance(sample, Missing):
+        return 0
+    return sum(len(value) for value in sample.values() if isinstance(value, bytes))
 
 
 class ShardStream(IterableDataset):
@@ -83,6 +101,8 @@ class ShardStream(IterableDataset):
         skip_corrupt: leave out unreadable samples (listed in each batch's `skipped`) instead of raising.
         cache_dir: keep local copies of remote shards here (None: stream them without a copy).
         cache_bytes: the most the cache folder may hold; least recently used copies go first.
+        bucket_by_size: training batches of samples of similar encoded size, from within the shuffle
+            buffer (see `shuffled`): less padding for texts of varied lengths.
     """
 
     def __init__(
@@ -98,6 +118,7 @@ class ShardStream(IterableDataset):
         skip_corrupt: bool = False,
         cache_dir: str | None = None,
         cache_bytes: int | None = None,
+        bucket_by_size: bool = False,
     ) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
@@ -109,6 +130,7 @@ class ShardStream(IterableDataset):
         self.shuffle_buffer = shuffle_buffer
         self.num_workers = max(1, num_workers)
         self.skip_corrupt = skip_corrupt
+        self.bucket_by_size = bucket_by_size
         self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self.epoch = 0
         self.world_size, self.rank = 1, 0
@@ -162,7 +184,8 @@ class ShardStream(IterableDataset):
         else:
             chunk, offset = divmod(start, self.shuffle_buffer)
             samples = self._encoded(skip_samples(plan.segments, chunk * self.shuffle_buffer))
-            samples = shuffled(samples, self.shuffle_buffer, plan.shuffle_seed, first_chunk=chunk)
+            bucket = self.batch_size if self.bucket_by_size else None
+            samples = shuffled(samples, self.shuffle_buffer, plan.shuffle_seed, first_chunk=chunk, bucket=bucket)
             samples = itertools.islice(samples, offset, None)
         for size in plan.batch_sizes[done:]:
             yield list(itertools.islice(samples, size))
