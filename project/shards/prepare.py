@@ -1,11 +1,18 @@
-"""Turn an image collection into train/val/test WebDataset shards, each split with a shard index.
+"""Turn an image or text collection into train/val/test WebDataset shards, each split with a shard index.
 
     python -m project.data.prepare SOURCE --out DIR [--val-fraction F] [--test-fraction F]
         [--samples-per-shard N] [--shard-size BYTES] [--workers N] [--seed S] [--part I/N]
-        [--resize S] [--format jpg|png|webp] [--download]
+        [--resize S] [--format jpg|png|webp] [--download] [--text] [--text-column C] [--label-column C]
 
 SOURCE: an ImageFolder tree (SOURCE/<class>/<image>), a CSV or JSONL listing (path, label), a torchvision
 dataset (torchvision:CIFAR10), or existing tar shards (a folder, index, glob or brace pattern).
+
+Text classification: a CSV or JSONL listing with a text and a label column (--text-column, --label-column;
+a `key` or `id` column names the samples), a folder tree SOURCE/<class>/.../<name>.txt, or tar shards with
+`.txt` and `.cls` members. Text is told from images by the content (a listing with the text column and no
+`path` column, class folders of .txt files and no images, shards with .txt and no image members), or forced
+with --text. Each sample is written as `<key>.txt` (UTF-8) and `<key>.cls` (the integer label); rows that are
+not valid UTF-8, or have an empty text or label, are skipped, each with a line on stderr, and counted.
 
 The split is stratified and deterministic for a seed; keys come from the source paths, so they are
 unique and stable. Samples are shuffled before sharding (a shard then mixes classes), and original
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +39,7 @@ from project.errors import UserError
 from project.shards.parallel import imap_unordered
 from project.shards.sources import Record, encode, load, read_record
 from project.shards.tarwriter import FastTarWriter
+from project.shards.text_sources import is_text, load_text, text_bytes
 
 SPLITS = ("train", "val", "test")
 MANIFEST = ".prepare.json"
@@ -45,6 +54,20 @@ class ShardJob:
     path: str
     resize: int | None
     format: str | None
+    text: bool = False
+
+
+class Prepared(dict):
+    """{split: [Shard, ...]}: the shards this part wrote, and the lines about the bad rows skipped (text)."""
+
+    def __init__(self, shards: dict[str, list[Shard]], skipped: list[str] | None = None, text: bool = False):
+        super().__init__(shards)
+        self.skipped = list(skipped or [])
+        self.text = text
+
+    @property
+    def bad_rows(self) -> int:
+        return len(self.skipped)
 
 
 def split_records(records: list[Record], val: float, test: float, seed: int) -> dict[str, list[Record]]:
@@ -90,14 +113,17 @@ def plan_shards(records: list[Record], samples_per_shard: int, shard_bytes: int 
 
 def write_shard(job: ShardJob) -> Shard:
     """Write one shard under a temporary name, then rename it: a shard file is always complete."""
-    from PIL import Image
-
     temporary = f"{job.path}.{os.getpid()}.tmp"
     with open(temporary, "wb", buffering=1 << 20) as stream, FastTarWriter(stream) as writer:
         for record in job.records:
-            data, extension = read_record(record)
+            if job.text:
+                data, extension = text_bytes(record), "txt"
+            else:
+                data, extension = read_record(record)
             if job.resize or (job.format and job.format != extension):
                 import io
+
+                from PIL import Image
 
                 with Image.open(io.BytesIO(data)) as image:
                     extension = job.format or extension
@@ -136,25 +162,44 @@ def prepare(
     download: bool = False,
     quiet: bool = False,
     torchvision_root: str = "data/torchvision",
-) -> dict[str, list[Shard]]:
-    """Write the shards of `source` into OUT/{train,val,test}; returns the shards this part wrote."""
+    text: bool = False,
+    text_column: str = "text",
+    label_column: str = "label",
+) -> Prepared:
+    """Write the shards of `source` into OUT/{train,val,test}; returns the shards this part wrote, by split
+    (a dict), with `.bad_rows` (and `.skipped`, a line about each) for the rows of a text source skipped.
+    `text` forces a text source; otherwise `is_text` tells by the content."""
     if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
         raise UserError("--val-fraction and --test-fraction must be in [0, 1) and add up to less than 1")
     index, count = part
     if not 0 <= index < count:
         raise UserError(f"--part {index}/{count}: I must be in 0..N-1")
     out = Path(out)
-    records, classes = load(source, download, torchvision_root, with_sizes=shard_size is not None)
+    skipped: list[str] = []
+    text = text or is_text(source, text_column)
+    if text and (resize is not None or format is not None):
+        raise UserError(f"--resize and --format re-encode images; {source} is text: drop them")
+    if text:
+        records, classes, skipped = load_text(source, text_column, label_column)
+        if not quiet:
+            for line in skipped:
+                print(line, file=sys.stderr)
+        if not records:
+            raise UserError(f"no usable texts in {source} ({len(skipped)} bad rows skipped)")
+    else:
+        records, classes = load(source, download, torchvision_root, with_sizes=shard_size is not None)
     settings = {"source": source, "val_fraction": val_fraction, "test_fraction": test_fraction,
                 "samples_per_shard": samples_per_shard, "shard_size": shard_size, "seed": seed,
                 "resize": resize, "format": format, "parts": count}  # fmt: skip
+    if text:  # only for text, so that an image run of an earlier version still resumes
+        settings.update(text=True, text_column=text_column, label_column=label_column)
     _check_manifest(out, settings)
     jobs: list[ShardJob] = []
     for split, members in split_records(records, val_fraction, test_fraction, seed).items():
         (out / split).mkdir(parents=True, exist_ok=True)
         for number, group in enumerate(plan_shards(members, samples_per_shard, shard_size)):
             path = str(out / split / f"{split}-{number:06d}.tar")
-            jobs.append(ShardJob(split, number, tuple(group), path, resize, format))
+            jobs.append(ShardJob(split, number, tuple(group), path, resize, format, text))
     mine = jobs[index::count]
     for job in mine:  # half-written shards of an interrupted run of this part
         for stale in Path(job.path).parent.glob(f"{Path(job.path).name}.*.tmp"):
@@ -175,12 +220,19 @@ def prepare(
         for shard in imap_unordered(write_shard, todo, workers):
             written[shard.url] = shard
             progress.advance(task, shard.nsamples)
-    result = {split: [written[j.path] for j in mine if j.split == split] for split in SPLITS}
+    result = Prepared({split: [written[j.path] for j in mine if j.split == split] for split in SPLITS}, skipped, text)
     name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
     for split in SPLITS:
         if result[split] or count == 1:
             write_index(out / split / name, result[split], name=split, extra={"classes": classes})
     return result
+
+
+def summary(out: str | Path, result: Prepared) -> str:
+    """The last line of a run: `wrote DIR: train 800, val 100, test 100 samples[; 3 bad rows skipped]`."""
+    counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.items())
+    bad = f"; {result.bad_rows} bad row{'' if result.bad_rows == 1 else 's'} skipped" if result.text else ""
+    return f"wrote {out}: {counts} samples{bad}"
 
 
 def _part(text: str) -> tuple[int, int]:
@@ -193,7 +245,9 @@ def _part(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m project.data.prepare", description=__doc__.split("\n")[0])
-    parser.add_argument("source", help="image folder, .csv/.jsonl listing, tar shards, or torchvision:NAME")
+    parser.add_argument(
+        "source", help="image or text folder (SOURCE/<class>/...), .csv/.jsonl listing, tar shards, or torchvision:NAME"
+    )
     parser.add_argument("--out", required=True, help="output folder: train/, val/ and test/ go here")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="share of each class for val (0.1)")
     parser.add_argument("--test-fraction", type=float, default=0.1, help="share of each class for test (0.1)")
@@ -202,13 +256,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="processes")
     parser.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle (0)")
     parser.add_argument("--part", type=_part, default=(0, 1), help="write part I of N (a job array)")
-    parser.add_argument("--resize", type=int, default=None, help="re-encode with the shorter side this size")
-    parser.add_argument("--format", choices=["jpg", "png", "webp"], default=None, help="re-encode as this")
+    parser.add_argument("--resize", type=int, default=None, help="re-encode images with the shorter side this size")
+    parser.add_argument("--format", choices=["jpg", "png", "webp"], default=None, help="re-encode images as this")
     parser.add_argument("--download", action="store_true", help="download a torchvision dataset")
     parser.add_argument("--torchvision-root", default="data/torchvision", help="torchvision datasets' root")
+    parser.add_argument("--text", action="store_true", help="the source holds texts (default: tell by its content)")
+    parser.add_argument("--text-column", default="text", help="a text listing's column of texts (text)")
+    parser.add_argument("--label-column", default="label", help="a text listing's column of labels (label)")
     args = parser.parse_args(argv)
     result = prepare(args.source, args.out, args.val_fraction, args.test_fraction, args.samples_per_shard,
                      args.shard_size, args.workers, args.seed, args.part, args.resize, args.format,
-                     args.download, torchvision_root=args.torchvision_root)  # fmt: skip
-    counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.items())
-    print(f"wrote {args.out}: {counts} samples")
+                     args.download, torchvision_root=args.torchvision_root, text=args.text,
+                     text_column=args.text_column, label_column=args.label_column)  # fmt: skip
+    print(summary(args.out, result))

@@ -1,5 +1,6 @@
-"""Where `prepare` reads samples from: an ImageFolder tree, a CSV or JSONL listing, a torchvision dataset,
+"""Where `prepare` reads images from: an ImageFolder tree, a CSV or JSONL listing, a torchvision dataset,
 or existing tar shards. Each source lists picklable `Record`s; `read_record` returns a record's bytes.
+`source_kind` tells which kind of source a command line names (text sources: project/shards/text_sources.py).
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ from typing import TYPE_CHECKING, Any
 from project.data.samples import read_samples
 from project.data.shards import resolve_shards
 from project.errors import UserError
-from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_label, index_classes
+from project.tasks.image.decode import (
+    IMAGE_EXTENSIONS,
+    WANTED_EXTENSIONS,
+    decode_label,
+    index_classes,
+    label_text,
+)
 
 if TYPE_CHECKING:
     from PIL import Image
 
 IMAGE_SUFFIXES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 CONVERTED_SUFFIXES = {".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}  # stored as PNG
+LISTING_SUFFIXES = (".csv", ".jsonl", ".json")
 
 
 @dataclass(frozen=True)
@@ -33,8 +41,8 @@ class Record:
 
     key: str
     label: int
-    kind: str  # "file", "tar" or "torchvision"
-    where: tuple  # file: (path,); tar: (url, member name); torchvision: (name, root, train, index)
+    kind: str  # "file", "tar", "torchvision" or "inline" (a text listing's row)
+    where: tuple  # file: (path,); tar: (url, key, ext); torchvision: (name, root, train, index); inline: (data,)
     size: int = 0  # bytes, when known before reading
     split: str | None = None  # a split fixed by the source (torchvision's official test set)
 
@@ -139,8 +147,10 @@ def _targets(dataset: Any) -> list[int]:
 
 
 def tar_shards(spec: str) -> tuple[list[Record], list[str]]:
-    """Samples of existing shards (re-shard or re-split them), with their labels."""
+    """Samples of existing shards (re-shard or re-split them), with their labels: class names resolve with the
+    index's classes, or, where the index records none, become the sorted names."""
     index = resolve_shards(spec)
+    known = index_classes(index)
     found: list[tuple[str, str, str, str, int]] = []  # url, key, image member, label text, size
     for shard in index.shards:
         for sample in read_samples(shard.url, extensions=WANTED_EXTENSIONS):
@@ -148,12 +158,12 @@ def tar_shards(spec: str) -> tuple[list[Record], list[str]]:
             if extension is None:
                 continue
             try:
-                label = str(decode_label(sample, index_classes(index)))
+                label = str(decode_label(sample, known)) if known else label_text(sample)
             except ValueError:
                 continue  # `index` lists such samples; prepare keeps only the usable ones
             found.append((shard.url, sample["__key__"], extension, label, len(sample[extension])))
     labels, classes = labels_to_classes([label for *_, label, _ in found])
-    classes = index_classes(index) or classes
+    classes = known or classes
     records = [Record(sanitize_key(key), label, "tar", (url, key, ext), size)
                for (url, key, ext, _, size), label in zip(found, labels, strict=True)]  # fmt: skip
     return records, classes
@@ -225,20 +235,32 @@ def encode(image: Image.Image, format: str, size: int | None = None) -> bytes:  
     return buffer.getvalue()
 
 
-def load(
-    source: str, download: bool = False, torchvision_root: str = "data/torchvision", with_sizes: bool = True
-) -> tuple[list[Record], list[str]]:
-    """Records and class names of a SOURCE given on the command line."""
+def source_kind(source: str) -> str:
+    """What a SOURCE given on the command line is: "torchvision", "listing", "folder" or "shards"."""
     if source.startswith("torchvision:"):
-        return torchvision_dataset(source.split(":", 1)[1], Path(torchvision_root), download)
+        return "torchvision"
     path = Path(source)
-    if path.is_file() and path.suffix.lower() in (".csv", ".jsonl", ".json"):
-        return listing(path)
+    if path.is_file() and path.suffix.lower() in LISTING_SUFFIXES:
+        return "listing"
     if path.is_dir() and not any(
         p.suffix in (".tar", ".tgz", ".gz") or p.name == "shardindex.json" for p in path.iterdir()
     ):
-        return image_folder(path, with_sizes)
+        return "folder"
     if path.exists() or any(ch in source for ch in "*?[{"):
-        return tar_shards(source)
-    raise UserError(f"source not found: {source} (expected an image folder, a .csv/.jsonl listing, "
+        return "shards"
+    raise UserError(f"source not found: {source} (expected an image or text folder, a .csv/.jsonl listing, "
                     "tar shards or torchvision:NAME)")  # fmt: skip
+
+
+def load(
+    source: str, download: bool = False, torchvision_root: str = "data/torchvision", with_sizes: bool = True
+) -> tuple[list[Record], list[str]]:
+    """Records and class names of an image SOURCE given on the command line."""
+    kind = source_kind(source)
+    if kind == "torchvision":
+        return torchvision_dataset(source.split(":", 1)[1], Path(torchvision_root), download)
+    if kind == "listing":
+        return listing(Path(source))
+    if kind == "folder":
+        return image_folder(Path(source), with_sizes)
+    return tar_shards(source)
