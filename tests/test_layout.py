@@ -12,8 +12,8 @@ from .conftest import REPO
 
 PROJECT = REPO / "project"
 MAX_LINES = 300
-# `python -m project.data.demo|prepare|index|inspect` keep their old names: thin aliases of the write tools
-ALIASES = {f"project.data.{name}" for name in ("demo", "prepare", "index", "inspect")}
+# `python -m project.data.demo|prepare|index|inspect|tokenizer`: thin aliases of the write tools
+ALIASES = {f"project.data.{name}" for name in ("demo", "prepare", "index", "inspect", "tokenizer")}
 # what the core may not import, and the task words it may not use as keys or extensions
 NOT_IN_CORE = ("torchvision", "PIL", "project.tasks", "project.shards", "project.callbacks", "project.cli")
 TASK_WORDS = {"image", "label", "jpg", "jpeg", "png", "cls", "txt", "class", "classes"}
