@@ -28,7 +28,15 @@ from project.errors import UserError
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 # what a data module knows that its model needs: (data attribute, model argument), linked when both exist
-LINKS = (("num_classes", "num_classes"), ("classes", "class_names"), ("image_size", "image_size"))
+LINKS = (
+    ("num_classes", "num_classes"),
+    ("classes", "class_names"),
+    ("image_size", "image_size"),
+    ("vocab_size", "vocab_size"),
+    ("pad_id", "pad_id"),
+    ("max_tokens", "max_tokens"),
+    ("tokenizer_hash", "tokenizer_hash"),
+)
 
 # Lightning's hints for datasets that do not plan their own split per rank and worker; ours do.
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -59,7 +67,8 @@ class ProjectCLI(LightningCLI):
     ) -> None:
         if not DEFAULT_CONFIG.exists():
             raise FileNotFoundError(f"default config missing: {DEFAULT_CONFIG}")
-        import project.tasks.image  # noqa: F401 - the built-in task's classes, known to --model and --data by name
+        import project.tasks.image  # noqa: F401 - the built-in tasks' classes, known to --model and --data by name
+        import project.tasks.text  # noqa: F401
 
         given = list(sys.argv[1:] if args is None else args)
         self.from_checkpoint = from_checkpoint

@@ -102,12 +102,13 @@ class SpeedMonitor(ThroughputMonitor):
         if share > self.input_bound_above:
             return (
                 f"input-bound: training waited for data {share:.0%} of its step time; an input pipeline that "
-                f"kept up would make it up to {1 / (1 - share):.1f}x faster (more data.num_workers, "
-                "data.decode_on=device, smaller stored images; see README, Finding bottlenecks)"
+                f"kept up would make it up to {1 / (1 - share):.1f}x faster (more data.num_workers; for images "
+                "also data.decode_on=device or smaller stored images; see README, Finding bottlenecks)"
             )
         return (
             f"compute-bound: training waited for data only {share:.0%} of its step time; the model's steps "
-            "set the pace (mixed precision, model.channels_last and model.compile speed them up on GPUs)"
+            "set the pace (on GPUs mixed precision speeds them up; for images also model.channels_last and "
+            "model.compile)"
         )
 
 

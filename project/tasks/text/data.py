@@ -1,0 +1,173 @@
+"""TextShards: the text classification task's data module: a `.txt` text and a `.cls` label per sample,
+tokenized in the DataLoader workers with the tokenizer trained on the training split, and padded per batch."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from project.data.datamodule import ShardDataModule, check_positive
+from project.data.remote import is_remote
+from project.data.samples import Sample
+from project.data.stream import ShardStream
+from project.errors import DecodeError, UserError
+from project.tasks.demos import build_once, uses_folder
+from project.tasks.labels import data_classes, label_index
+from project.tasks.text.batch import TextBatch, TextExample, pad_examples
+from project.tasks.text.tokenizer import (
+    COMMAND,
+    FILE_NAME,
+    check_tokenizer,
+    file_hash,
+    load_tokenizer,
+    recorded_tokenizer,
+)
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
+DEMO_ROOT = Path("data/text-demo")
+PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>")  # ours, BERT-style and GPT-style tokenizers' padding tokens
+
+
+class TextShards(ShardDataModule):
+    """Text classification samples from WebDataset shards: a `.txt` member (UTF-8 text) and a `.cls`
+    member (an integer label or a class name), as `python -m project.data.prepare SOURCE --text` writes.
+
+    Texts are tokenized in the DataLoader workers, truncated to `max_tokens`, and padded to the longest
+    text of each batch (not to max_tokens). Only these two members are read.
+
+    Args:
+        tokenizer: the tokenizer.json to encode with; by default the one beside the training split's
+            shard index (`python -m project.data.tokenizer DATA` writes it there, and records its hash in
+            the index: a run with a tokenizer that differs from the recorded one stops). A pretrained
+            model's own tokenizer.json may be given instead.
+        max_tokens: tokens kept of each text (the first ones).
+        token_dropout: training augmentation: the share of each text's tokens dropped at random (special
+            tokens are kept), seeded per batch, so a resumed run drops the same ones.
+        classes: class names, when the shard index does not record them.
+        **kwargs: the shard, loader and resume settings of `ShardDataModule` (root, train, val, test,
+            batch_size, num_workers, shuffle_buffer, seed, fraction, bucket_by_size, ...).
+    """
+
+    extensions = frozenset({"txt", "cls"})
+
+    def __init__(
+        self,
+        tokenizer: str | None = None,
+        max_tokens: int = 128,
+        token_dropout: float = 0.0,
+        classes: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        check_positive(max_tokens=max_tokens)
+        if not 0 <= token_dropout < 1:
+            raise UserError(f"data.token_dropout must be in [0, 1), got {token_dropout}")
+        super().__init__(**kwargs)
+        self.tokenizer_file, self.max_tokens, self.token_dropout = tokenizer, max_tokens, token_dropout
+        self._classes = classes
+        self._tokenizer = None  # loaded where it is used: once in each DataLoader worker
+
+    @cached_property
+    def classes(self) -> list[str]:
+        """Class names, from the configuration or else from the first split whose index records them."""
+        return data_classes(self, self._classes)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @cached_property
+    def tokenizer_path(self) -> str:
+        """The tokenizer file: the configured one, or the one the training split's index records."""
+        if self.tokenizer_file:
+            return self.tokenizer_file
+        spec = next((self.specs[split] for split in ("train", "val", "test") if self.specs[split]), None)
+        folder = None
+        if isinstance(spec, str) and not is_remote(spec):
+            folder = spec if os.path.isdir(spec) else os.path.dirname(spec) if spec.endswith(".json") else None
+        if folder is None:
+            raise UserError(f"set data.tokenizer: no {FILE_NAME} is known beside {spec} ({COMMAND} DATA writes one)")
+        if self.specs["train"] == spec and (recorded := recorded_tokenizer(self.index("train"))):
+            return os.path.join(folder, recorded.get("file", FILE_NAME))
+        return os.path.join(folder, FILE_NAME)
+
+    @cached_property
+    def tokenizer_hash(self) -> str:
+        """The tokenizer file's sha256, checked against the one the training index records."""
+        path = self.tokenizer_path
+        if not Path(path).is_file():
+            raise UserError(f"tokenizer not found: {path} (train one with {COMMAND} DATA, or set data.tokenizer)")
+        if self.specs["train"] is not None and recorded_tokenizer(self.index("train")) and not self.tokenizer_file:
+            return check_tokenizer(path, self.index("train"))
+        return file_hash(path)
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - tokenizers.Tokenizer
+        if self._tokenizer is None:
+            tokenizer = load_tokenizer(self.tokenizer_path)
+            tokenizer.enable_truncation(self.max_tokens)  # keeps a BERT tokenizer's [CLS] ... [SEP]
+            tokenizer.no_padding()  # collate pads, to each batch's longest text
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+    @cached_property
+    def vocab_size(self) -> int:
+        self.tokenizer_hash  # noqa: B018 - the check comes first
+        return self.tokenizer.get_vocab_size()
+
+    @cached_property
+    def pad_id(self) -> int:
+        ids = (self.tokenizer.token_to_id(token) for token in PAD_TOKENS)
+        return next((found for found in ids if found is not None), 0)
+
+    def prepare_missing(self) -> None:
+        """Build the text demo data when the configuration reads it and it is missing."""
+        if uses_folder(self, DEMO_ROOT):
+            from project.tasks.text.demo import demo_is_complete, make_demo  # python -m runs it as __main__
+
+            build_once(DEMO_ROOT, demo_is_complete, make_demo, took="about 20 s")
+
+    def stream(self, split: str) -> ShardStream:
+        # resolved here, once: the workers' copies get them without reading an index or hashing a file
+        self.classes, self.tokenizer_hash, self.pad_id  # noqa: B018
+        return super().stream(split)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of token ids (padding left out), for reports."""
+        return self.tokenizer.decode([token for token in tokens if token != self.pad_id])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_tokenizer"] = None
+        return state
+
+    # -- in the DataLoader workers --------------------------------------------------------------------
+
+    def decode(self, sample: Sample, stage: str) -> TextExample:
+        """The sample's label and its token ids, some dropped at random in training (`token_dropout`)."""
+        where = f"sample {sample['__key__']!r} in shard {sample['__url__']}"
+        try:
+            text = sample["txt"].decode("utf-8")
+            label = label_index(sample["cls"].decode("utf-8").strip(), self.classes)
+        except KeyError as error:
+            raise DecodeError(f"cannot decode {where}: no .{error.args[0]} member") from None
+        except (UnicodeDecodeError, ValueError) as error:
+            raise DecodeError(f"cannot decode {where}: {error}") from None
+        if not text.strip():
+            raise DecodeError(f"cannot decode {where}: the text is empty")
+        encoding = self.tokenizer.encode(text)
+        tokens = encoding.ids
+        if stage == "train" and self.token_dropout > 0 and len(tokens) > 1:
+            # torch's generator, seeded per training batch by the stream: the same drops on resume
+            import random; drop = [random.random() < self.token_dropout for _ in tokens]
+            special = encoding.special_tokens_mask
+            kept = [token for token, gone, keep in zip(tokens, drop, special, strict=True) if keep or not gone]
+            tokens = kept if len(kept) > sum(special) else tokens
+        return TextExample(tokens, label)
+
+    def collate(self, examples: list[TextExample], stage: str) -> TextBatch:
+        """Pad the examples' tokens to the longest of them."""
+        return pad_examples(examples, self.pad_id)
