@@ -264,3 +264,23 @@ def test_a_restart_keeps_finished_text_shards(tmp_path):
     assert first.bad_rows == second.bad_rows == 1
     with pytest.raises(UserError, match=r"other settings \(label_column\)"):  # text settings are in the manifest
         prepare(str(listing), out, samples_per_shard=4, quiet=True, label_column="same")
+
+
+def test_index_counts_text_shards_made_elsewhere_and_lists_bad_texts(tmp_path):
+    """`python -m project.data.index` on text shards from another tool: class names from the .cls members,
+    and the texts that are not UTF-8 or empty listed, not every sample reported as "no image member"."""
+    from project.shards.index import build_index
+
+    shard = tmp_path / "texts-000000.tar"
+    with TarWriter(str(shard), encoder=False) as writer:
+        for i in range(6):
+            writer.write({"__key__": f"t{i}", "txt": f"text number {i}".encode(), "cls": CLASSES[i % 2].encode()})
+        writer.write({"__key__": "bad", "txt": b"caf\xe9", "cls": b"neg"})
+        writer.write({"__key__": "empty", "txt": b"  \n", "cls": b"pos"})
+    index, problems = build_index([str(shard)], tmp_path / INDEX_NAME)
+    assert index.nsamples == 8
+    assert index.extra["classes"] == ["neg", "pos"]
+    assert sorted(problem.split(": ", 1)[1] for problem in problems) == [
+        "bad: .txt is not valid UTF-8",
+        "empty: empty text",
+    ]

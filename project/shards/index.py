@@ -5,7 +5,8 @@
 Accepts webdataset TarWriter/ShardWriter output, GNU tar of a folder of key.ext files, and gzip-compressed
 tars (.tar.gz, .tgz). Each shard is read through: samples are counted, labels collected (so num_classes
 flows on to the model), and corrupt shards and members (unreadable data, undecodable images, missing
-labels) are listed. Part indexes written by `prepare --part I/N` are merged without a re-scan.
+labels, text that is not UTF-8) are listed. Text shards (`.txt` text and `.cls` label) are indexed too.
+Part indexes written by `prepare --part I/N` are merged without a re-scan.
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ def scan_shard(url: str, verify_images: bool = True) -> ShardReport:
         for sample in read_samples(url, extensions=WANTED_EXTENSIONS):
             count += 1
             key = sample["__key__"]
+            image = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+            if image is None and "npy" not in sample and "txt" in sample and "cls" in sample:
+                problems += [f"{key}: {problem}" for problem in text_sample_problems(sample, labels)]
+                continue  # a text sample (.txt text, .cls label), as prepare --text writes
             try:
                 labels[label_text(sample)] += 1  # integers or class names: labels_to_classes sorts them out
             except (ValueError, UnicodeDecodeError) as error:
                 problems.append(f"{key}: {error}")
-            image = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if image is None and "npy" not in sample:
                 problems.append(f"{key}: no image member")
             elif image is not None and verify_images:
@@ -58,6 +62,21 @@ def scan_shard(url: str, verify_images: bool = True) -> ShardReport:
         problems.append(f"(after sample {count}) {error}")
     size = os.path.getsize(url) if os.path.exists(url) else None
     return ShardReport(Shard(url, count, size), labels, problems)
+
+
+def text_sample_problems(sample: dict, labels: Counter) -> list[str]:
+    """What is wrong with a text sample (its text not UTF-8 or empty, its label unreadable); counts its label."""
+    problems = []
+    try:
+        if not sample["txt"].decode("utf-8").strip():
+            problems.append("empty text")
+    except UnicodeDecodeError:
+        problems.append(".txt is not valid UTF-8")
+    try:
+        labels[sample["cls"].decode("utf-8").strip()] += 1
+    except UnicodeDecodeError:
+        problems.append(".cls is not valid UTF-8")
+    return problems
 
 
 def build_index(inputs: list[str], out: str | Path, verify_images: bool = True) -> tuple[ShardIndex, list[str]]:
