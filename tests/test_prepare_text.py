@@ -284,3 +284,13 @@ def test_index_counts_text_shards_made_elsewhere_and_lists_bad_texts(tmp_path):
         "bad: .txt is not valid UTF-8",
         "empty: empty text",
     ]
+
+
+def test_inspect_shows_text_lengths_and_the_first_texts(tmp_path):
+    source = write_csv(tmp_path / "t.csv", ["text", "label"], [[f"review {i} {'word ' * i}", "pos"] for i in range(20)])
+    prepare(str(source), tmp_path / "out", workers=1, quiet=True)
+    inspected = run_here("project.data.inspect", str(tmp_path / "out" / "train"), cwd=tmp_path)
+    assert inspected.returncode == 0, inspected.stderr
+    assert "text lengths in characters: median" in inspected.stdout
+    assert "[pos] 'review " in inspected.stdout
+    assert "image sizes" not in inspected.stdout and not (tmp_path / "out" / "train" / "contact_sheet.png").exists()

@@ -4,7 +4,8 @@
 
 DIR is a dataset root (with train/, val/, test/) or one split's folder, index, glob or pattern. Prints
 shards, samples, bytes, per-class counts and the image sizes and modes seen, per split, and writes a PNG
-grid of the first samples with their labels.
+grid of the first samples with their labels. For text shards (.txt and .cls) it prints the text lengths
+and the first texts with their labels instead.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, index_classes
 
 TILE = 96
+TEXTS_SHOWN = 5  # first texts printed for text shards
 
 
 def splits_of(spec: str) -> dict[str, ShardIndex]:
@@ -37,7 +39,7 @@ def splits_of(spec: str) -> dict[str, ShardIndex]:
 def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[Image.Image, str]]]:
     """Counts per class, sizes and modes seen, and the first samples (for the sheet), in one pass."""
     classes = index_classes(index)
-    counts, sizes, modes, tiles = Counter(), Counter(), Counter(), []
+    counts, sizes, modes, tiles, lengths, texts = Counter(), Counter(), Counter(), [], [], []
     for shard in index.shards:
         for sample in read_samples(shard.url):
             try:
@@ -47,6 +49,12 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
                 name = "(no label)"
             counts[name] += 1
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+            if extension is None and "txt" in sample and "cls" in sample:  # a text sample
+                text = sample["txt"].decode("utf-8", errors="replace")
+                lengths.append(len(text))
+                if len(texts) < TEXTS_SHOWN:
+                    texts.append((text, name))
+                continue
             if extension is None:
                 continue
             with Image.open(io.BytesIO(sample[extension])) as image:
@@ -56,7 +64,7 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
                 tiles.append((decode_image(sample[extension]), name))
     total_bytes = sum(shard.filesize or 0 for shard in index.shards)
     summary = {"shards": len(index.shards), "samples": index.nsamples, "bytes": total_bytes,
-               "classes": counts, "sizes": sizes, "modes": modes}  # fmt: skip
+               "classes": counts, "sizes": sizes, "modes": modes, "lengths": lengths, "texts": texts}  # fmt: skip
     return summary, tiles
 
 
@@ -92,8 +100,14 @@ def main(argv: list[str] | None = None) -> None:
         for name, count in sorted(summary["classes"].items()):
             table.add_row(name, str(count))
         console.print(table)
-        seen = ", ".join(f"{w}x{h} ({n})" for (w, h), n in summary["sizes"].most_common(5))
-        console.print(f"image sizes: {seen}; modes: {dict(summary['modes'])}")
+        if summary["sizes"]:
+            seen = ", ".join(f"{w}x{h} ({n})" for (w, h), n in summary["sizes"].most_common(5))
+            console.print(f"image sizes: {seen}; modes: {dict(summary['modes'])}")
+        if lengths := sorted(summary["lengths"]):
+            console.print(f"text lengths in characters: median {lengths[len(lengths) // 2]}, 95th percentile "
+                          f"{lengths[int(0.95 * (len(lengths) - 1))]}, longest {lengths[-1]}")  # fmt: skip
+            for text, name in summary["texts"]:
+                console.print(f"  [{name}] {text[:80]!r}", markup=False, highlight=False, soft_wrap=True)
     if first_tiles:
         folder = Path(args.data) if Path(args.data).is_dir() else Path(".")
         sheet = Path(args.sheet) if args.sheet else folder / "contact_sheet.png"
