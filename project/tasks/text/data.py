@@ -162,7 +162,7 @@ class TextShards(ShardDataModule):
         tokens = encoding.ids
         if stage == "train" and self.token_dropout > 0 and len(tokens) > 1:
             # torch's generator, seeded per training batch by the stream: the same drops on resume
-            import random; drop = [random.random() < self.token_dropout for _ in tokens]
+            drop = (torch.rand(len(tokens)) < self.token_dropout).tolist()
             special = encoding.special_tokens_mask
             kept = [token for token, gone, keep in zip(tokens, drop, special, strict=True) if keep or not gone]
             tokens = kept if len(kept) > sum(special) else tokens
