@@ -7,8 +7,11 @@ from its steps.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -37,6 +40,15 @@ class Classifier(L.LightningModule):
         )
         self.mean_loss = nn.ModuleDict({f"{stage}_loss": MeanMetric() for stage in ("val", "test")})
         self.confusion = MulticlassConfusionMatrix(num_classes)  # test only; synced across ranks
+
+    @contextlib.contextmanager
+    def step_randomness(self) -> Iterator[None]:
+        """The randomness of a training step (dropout, MixUp), drawn from (seed, step, rank): a resumed run
+        draws exactly what the uninterrupted one did, which the global generator's state would not give."""
+        seed = hash((int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step, self.global_rank))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed % 2**63)
+            yield
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)

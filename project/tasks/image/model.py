@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import torch
@@ -132,13 +131,10 @@ class ImageClassifier(Classifier):
     def training_step(self, batch: ImageBatch, batch_idx: int) -> torch.Tensor:
         images, labels = self.normalize(batch.image), batch.label
         targets = labels
-        if self.mix is not None:
-            # seeded by step and rank, so that a resumed run mixes exactly as the uninterrupted one
-            seed = hash((int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step, self.global_rank))
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed % 2**63)
+        with self.step_randomness():  # MixUp, CutMix and dropout: the same when a run resumes
+            if self.mix is not None:
                 images, targets = self.mix(images, labels)
-        logits = self.head(self.backbone(images))
+            logits = self.head(self.backbone(images))
         return self.score("train", logits, labels, self.loss(logits, targets))
 
     def validation_step(self, batch: ImageBatch, batch_idx: int) -> None:

@@ -3,7 +3,6 @@ text gives the same logits as each text alone."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import torch
@@ -98,10 +97,7 @@ class TextClassifier(Classifier):
         return batch.tokens, batch.label
 
     def training_step(self, batch: TextBatch, batch_idx: int) -> torch.Tensor:
-        # dropout seeded by step and rank, so that a resumed run drops exactly as the uninterrupted one
-        seed = hash((int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step, self.global_rank))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed % 2**63)
+        with self.step_randomness():  # dropout: the same when a run resumes
             logits = self(batch.tokens)
         return self.score("train", logits, batch.label)
 

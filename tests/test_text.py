@@ -1,0 +1,148 @@
+"""The text task's data and model, without the command line: masked padding gives each text's own logits,
+bucketing by size pads less and still reads every sample once, token dropout is seeded and training-only,
+and unusable texts are skipped and counted. The runs through the command line are in test_text_runs.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from webdataset import TarWriter
+
+from project.data.samples import read_samples
+from project.data.shards import INDEX_NAME, Shard, resolve_shards, write_index
+from project.shards.prepare import prepare
+from project.tasks.text import TextClassifier, TextShards
+from project.tasks.text.demo import CLASSES, write_csv
+from project.tasks.text.tokenizer import train_tokenizer
+
+BATCH = 16  # 480 training texts: 30 batches an epoch
+
+
+def make_text_data(root: Path) -> Path:
+    """600 demo reviews as text shards of 100 (train 480, val 60, test 60) and a 300-token tokenizer."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_csv(root / "reviews.csv", samples=600, seed=0)
+    prepare(str(root / "reviews.csv"), root, samples_per_shard=100, workers=1, quiet=True, text=True)
+    train_tokenizer(root, vocab_size=300, quiet=True)
+    return root
+
+
+def split_samples(root: Path, split: str) -> dict[str, str]:
+    """{key: text} of a split, read straight from its shards."""
+    shards = resolve_shards(str(root / split)).shards
+    return {s["__key__"]: s["txt"].decode() for shard in shards for s in read_samples(shard.url)}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return make_text_data(tmp_path_factory.mktemp("texts"))
+
+
+def text_data(root: Path, **kwargs) -> TextShards:
+    return TextShards(root=str(root), batch_size=BATCH, num_workers=0, shuffle_buffer=128, **kwargs)
+
+
+def epoch_batches(data: TextShards, epoch: int = 0, split: str = "train") -> list:
+    loader = data.loader(split)
+    loader.dataset.set_epoch(epoch)
+    return list(loader)
+
+
+def each_alone(model: TextClassifier, batch) -> torch.Tensor:
+    """The logits of each text of a batch, run alone: unpadded."""
+    rows = zip(batch.tokens, batch.lengths, strict=True)
+    return torch.cat([model(tokens[:length].unsqueeze(0)) for tokens, length in rows])
+
+
+def padding_share(batches: list) -> float:
+    return 1 - sum(int(b.lengths.sum()) for b in batches) / sum(b.tokens.numel() for b in batches)
+
+
+@pytest.mark.parametrize("encoder", ["transformer", "cnn", "bag"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])  # the no-grad path is a fused kernel
+def test_each_padded_row_has_the_logits_of_its_text_alone(root, encoder, grad):
+    data = text_data(root)
+    batch = epoch_batches(data, split="val")[0]
+    assert data.pad_id == 0 and len(set(batch.lengths.tolist())) > 1, "the batch needs padding to test it"
+    torch.manual_seed(0)
+    model = TextClassifier(num_classes=8, vocab_size=data.vocab_size, pad_id=data.pad_id, max_tokens=160,
+                           encoder=encoder, dim=16, layers=1, heads=2).eval()  # fmt: skip
+    with torch.no_grad():  # a padding embedding that is not zero: only the mask can hide the padding
+        model.encoder.embedding.weight[data.pad_id] = 3.0
+    with torch.set_grad_enabled(grad):
+        padded = model(batch.tokens)
+        alone = each_alone(model, batch)
+        wider = model(F.pad(batch.tokens, (0, 9), value=data.pad_id))  # 9 more pad columns
+        unmasked = model.head(model.encoder(batch.tokens, torch.ones_like(batch.tokens, dtype=torch.bool)))
+    assert (padded - alone).abs().max().item() < 1e-5
+    assert (wider - padded).abs().max().item() < 1e-5
+    shorter = batch.lengths < batch.tokens.shape[1]
+    assert (unmasked - padded)[shorter].abs().max().item() > 1e-3, "the check is live: padding counts unmasked"
+
+
+def test_bucketing_pads_less_reads_every_sample_once_and_repeats_its_order(root):
+    keys = sorted(split_samples(root, "train"))
+    shares = {}
+    for bucket in (False, True):
+        data = text_data(root, bucket_by_size=bucket)
+        batches = epoch_batches(data, epoch=1)
+        seen = [key for batch in batches for key in batch.keys]
+        assert sorted(seen) == keys, "every training sample exactly once an epoch"
+        assert [batch.keys for batch in epoch_batches(data, epoch=1)] == [batch.keys for batch in batches]
+        shares[bucket] = padding_share(batches)
+    assert shares[True] < shares[False], f"padding share with bucketing {shares[True]:.3f}, without {shares[False]:.3f}"
+    print(f"padding share: bucketed {shares[True]:.4f}, not bucketed {shares[False]:.4f}")
+
+
+def tokens_by_key(batches: list) -> dict[str, list[int]]:
+    rows = ((key, row, length) for b in batches for key, row, length in zip(b.keys, b.tokens, b.lengths, strict=True))
+    return {key: row[:length].tolist() for key, row, length in rows}
+
+
+def test_token_dropout_is_seeded_per_batch_new_each_epoch_and_only_in_training(root):
+    plain, dropped = text_data(root), text_data(root, token_dropout=0.3)
+    first = epoch_batches(dropped, epoch=0)
+    again = epoch_batches(dropped, epoch=0)
+    assert all(torch.equal(a.tokens, b.tokens) and a.keys == b.keys for a, b in zip(first, again, strict=True))
+    full, epoch0 = tokens_by_key(epoch_batches(plain)), tokens_by_key(first)
+    epoch1 = tokens_by_key(epoch_batches(dropped, epoch=1))
+    kept = sum(len(epoch0[key]) for key in full) / sum(len(tokens) for tokens in full.values())
+    assert 0.6 < kept < 0.8, f"token_dropout 0.3 kept {kept:.2f} of the tokens"
+    assert all(epoch0[key] != full[key] for key in full if len(full[key]) > 20)
+    same = sum(epoch0[key] == epoch1[key] for key in full)
+    assert same < 0.05 * len(full), f"{same} of {len(full)} texts dropped the same tokens in epochs 0 and 1"
+    for split in ("val", "test"):
+        assert tokens_by_key(epoch_batches(dropped, split=split)) == tokens_by_key(epoch_batches(plain, split=split))
+        texts = split_samples(root, split)
+        encoded = {key: plain.tokenizer.encode(text).ids for key, text in texts.items()}
+        assert tokens_by_key(epoch_batches(dropped, split=split)) == encoded
+
+
+def test_texts_that_are_not_utf8_or_empty_are_skipped_and_counted(root, tmp_path):
+    good = list(split_samples(root, "val").items())[:10]
+    bad = {"bad_utf8": b"the pasta was \xff\xfe great", "empty": b" \n ", "no_text": None}
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    path = folder / "mixed-000000.tar"
+    with TarWriter(str(path), encoder=False) as writer:
+        for number, (key, text) in enumerate(good[:5] + list(bad.items()) + good[5:]):
+            sample = {"__key__": key, "cls": str(number % 8).encode()}
+            if text is not None:
+                sample["txt"] = text if isinstance(text, bytes) else text.encode()
+            writer.write(sample)
+    write_index(folder / INDEX_NAME, [Shard(str(path), 13, path.stat().st_size)], "mixed", {"classes": CLASSES})
+    tokenizer = str(root / "train" / "tokenizer.json")
+    for stage in ("val", "train"):
+        data = TextShards(root=None, **{stage: str(folder)}, tokenizer=tokenizer, batch_size=4, num_workers=0)
+        batches = epoch_batches(data, split=stage)
+        skipped = {item.key: item.reason for batch in batches for item in batch.skipped}
+        assert set(skipped) == set(bad), stage
+        assert "utf-8" in skipped["bad_utf8"] and "empty" in skipped["empty"] and ".txt" in skipped["no_text"]
+        assert all(str(path) in item.url for batch in batches for item in batch.skipped)
+        seen = [key for batch in batches for key in batch.keys]
+        if stage == "val":  # evaluation reads every sample: the good ones are all there, once
+            assert sorted(seen) == sorted(key for key, _ in good)
+        assert all(len(batch.keys) == len(batch.label) == len(batch.tokens) for batch in batches)
