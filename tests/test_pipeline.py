@@ -4,6 +4,7 @@ training epochs, bounded buffers, and clear errors for bad shards."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -157,3 +158,47 @@ def test_shards_stream_from_a_url_through_their_remote_index(shard_folder, tmp_p
         assert sorted(keys_of(epoch_batches(stream, 2))) == sorted(keys)
     finally:
         server.shutdown()
+
+
+@dataclass(kw_only=True)
+class Mixed(Batch):
+    tokens: torch.Tensor
+    flags: torch.Tensor
+    half: torch.Tensor
+    brain: torch.Tensor
+    strided: torch.Tensor
+    large: torch.Tensor
+
+
+def test_small_batch_tensors_cross_from_workers_inside_the_pickle_and_large_ones_through_shared_memory():
+    """A worker's batch reaches the training process through multiprocessing's pickler: small tensors ride
+    inside the pickle as bytes (a shared-memory file a tensor cost more than tokenizing a text batch),
+    large ones still go through shared memory, and every tensor comes back equal, with its dtype and shape."""
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from project.data.batch import INLINE_BYTES, Skipped
+
+    batch = Mixed(
+        tokens=torch.arange(64 * 40, dtype=torch.int64).reshape(64, 40),
+        flags=torch.tensor([True, False, True]),
+        half=torch.randn(3, 5).half(),
+        brain=torch.randn(4).bfloat16(),
+        strided=torch.arange(20.0).reshape(4, 5).t(),  # not contiguous
+        large=torch.ones(INLINE_BYTES // 4 + 1, dtype=torch.float32),
+        keys=["a", "b"],
+        skipped=[Skipped("u", "k", "why")],
+    )
+    buffer = io.BytesIO()
+    ForkingPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(batch)
+    payload = buffer.getvalue()
+    assert batch.tokens.numpy().tobytes() in payload  # inline
+    assert len(payload) < batch.tokens.nbytes + 64 * 1024  # the large tensor is not: it went to shared memory
+    back = pickle.loads(payload)
+    for name in ("tokens", "flags", "half", "brain", "strided", "large"):
+        ours, theirs = getattr(batch, name), getattr(back, name)
+        assert theirs.dtype == ours.dtype and theirs.shape == ours.shape and torch.equal(theirs, ours), name
+    assert back.tokens.is_shared() is False and back.large.is_shared()
+    back.tokens += 1  # a writable tensor of its own
+    assert back.keys == ["a", "b"] and back.skipped == [Skipped("u", "k", "why")] and len(back) == 2
