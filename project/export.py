@@ -4,14 +4,20 @@
                              [--prune AMOUNT] [--out DIR] [--split test|val] [--batches N] [overrides...]
 
 The model and data are rebuilt from the run's config.yaml (next to its checkpoints/ folder), as
-project.evaluate does. An exported model takes what the module's forward takes: uint8 images, NCHW
-([N, 3, H, W] at the run's data.image_size, any N), and returns logits; normalization is inside it.
+project.evaluate does. An exported model takes what the module's forward takes, and returns logits:
+for images, uint8 NCHW ([N, 3, H, W] at the run's data.image_size, any N), normalization inside it; for
+text (a data module with a tokenizer), int64 token ids [N, L] padded at the end with the tokenizer's pad
+id, any N and any L up to data.max_tokens. A text export comes with the tokenizer.json it was trained
+with, copied beside the model file (DIR/tokenizer.json, checked against the checkpoint's tokenizer hash,
+named in report.json): tokenize with it, truncate to max_tokens and pad, then run the model.
 
 Variants: fp32 always; `--prune A` adds a copy whose A share of smallest-magnitude convolution and linear
 weights is zeroed (torch.nn.utils.prune, global L1); `--quantize` adds an int8 version of each. Every
 variant runs on real batches of the split next to the checkpoint's own module, and a table reports the
 max abs difference of the logits, top-1 agreement, accuracy, file size and median CPU latency at batch 1
-(also written to DIR/report.json). An fp32 export that disagrees with the module is an error (exit 1).
+(also written to DIR/report.json). Token batches are checked at their own padded length and again at a
+second one, so that an export that fixed the example's length fails. An fp32 export that disagrees with
+the module, or a variant that cannot run on a batch of the split, is an error (exit 1).
 
 int8 comes from onnxruntime.quantization on the ONNX graph, so --quantize needs --format onnx: torch
 2.14 deprecates torch.ao.quantization and quantized tensors, and its successor (torchao's PT2E) gives
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -42,6 +49,7 @@ from project.cli import ProjectCLI, print_train_help
 from project.errors import UserError, run_main
 from project.evaluate import run_config
 from project.export_formats import (
+    Inputs,
     Runner,
     export_onnx,
     export_torchscript,
@@ -50,6 +58,7 @@ from project.export_formats import (
     onnx_runner,
     pruned_copy,
     quantize_onnx,
+    sha256,
     torchscript_runner,
     zero_share,
 )
@@ -104,9 +113,11 @@ def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     """The run's model (with the checkpoint's weights, in eval mode, on the CPU) and data."""
     cli = ProjectCLI(args=overrides, extra_config_files=run_config(ckpt_path), from_checkpoint=True)
     try:
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)["state_dict"]
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        state = checkpoint["state_dict"]
     except (OSError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as error:
         raise UserError(f"{ckpt_path} is not a Lightning checkpoint: {error}") from None
+    cli.model.on_load_checkpoint(checkpoint)  # the model's own checks, as Lightning runs them (the tokenizer's)
     missing, unexpected = cli.model.load_state_dict(state, strict=False)
     if missing or unexpected:
         names = ", ".join([*(f"missing {k}" for k in missing[:2]), *(f"unexpected {k}" for k in unexpected[:2])])
@@ -118,6 +129,29 @@ def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
         )
     cli.model.cpu().eval()
     return cli
+
+
+def model_inputs(cli: ProjectCLI) -> Inputs:
+    """Images, or token ids when the data module tokenizes (it has a tokenizer file)."""
+    data = cli.datamodule
+    if not hasattr(type(data), "tokenizer_path"):
+        return Inputs()
+    return Inputs("tokens", sequence=True, pad_id=int(data.pad_id), max_length=getattr(data, "max_tokens", None))
+
+
+def copy_tokenizer(cli: ProjectCLI, out: Path) -> dict:
+    """The tokenizer the model was trained with, copied to out/tokenizer.json; what report.json says of it."""
+    data = cli.datamodule
+    source = Path(data.tokenizer_path)
+    digest = data.tokenizer_hash  # checked against the training index, and by the model against the checkpoint
+    target = out / "tokenizer.json"
+    if source.resolve() != target.resolve():
+        shutil.copyfile(source, target)
+    if sha256(target) != digest:
+        raise UserError(f"{source} changed while it was copied to {target}: run the export again")
+    print(f"copied the tokenizer {source} to {target}", file=sys.stderr)
+    return {"file": target.name, "source": str(source), "sha256": digest, "pad_id": int(data.pad_id),
+            "max_tokens": getattr(data, "max_tokens", None)}  # fmt: skip
 
 
 def loader(cli: ProjectCLI, split: str) -> torch.utils.data.DataLoader:
@@ -134,7 +168,7 @@ def split_batches(cli: ProjectCLI, split: str, count: int) -> Iterator[dict]:
 
 
 def build_variants(
-    options: argparse.Namespace, model: nn.Module, example: torch.Tensor, calibration: list[np.ndarray]
+    options: argparse.Namespace, model: nn.Module, example: torch.Tensor, calibration: list[np.ndarray], spec: Inputs
 ) -> dict[str, tuple[Variant, Runner]]:
     """Write every variant into options.out; each comes with a function that runs its file."""
     suffix, export, runner = {
@@ -148,40 +182,61 @@ def build_variants(
     for name, source in sources.items():
         path = options.out / f"model{'' if name == 'fp32' else '.' + name}{suffix}"
         print(f"exporting {name} to {path}", file=sys.stderr)
-        export(source, example, path)
+        export(source, example, path, spec)
         variants[name] = (Variant(name, str(path), zeros=zero_share(source)), runner(path))
         for mode in options.quantize:
             quantized_name = f"{name}+{mode}" if name != "fp32" else mode
             target = path.with_name(f"{path.stem}.{mode}{suffix}")
             print(f"quantizing {name} to {target}", file=sys.stderr)
-            quantize_onnx(path, target, mode, calibration)
+            quantize_onnx(path, target, mode, calibration, spec.name)
             variants[quantized_name] = (Variant(quantized_name, str(target), zeros=zero_share(source)), runner(target))
     return variants
 
 
-def measure(cli: ProjectCLI, options: argparse.Namespace, variants: dict[str, tuple[Variant, Runner]]) -> float:
-    """Run the module and every variant on the same batches; returns the module's own accuracy."""
-    model, correct, samples = cli.model, 0, 0
+def run_variant(variant: Variant, run: Runner, inputs: torch.Tensor, example: torch.Tensor) -> np.ndarray:
+    try:
+        return run(inputs)
+    except Exception as error:  # noqa: BLE001 - onnxruntime's own classes, for a shape its graph fixed
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"error: the {variant.name} export cannot run on inputs of shape {list(inputs.shape)} (exported "
+              f"with {list(example.shape)}): {message}", file=sys.stderr)  # fmt: skip
+        raise SystemExit(1) from None
+
+
+def measure(
+    cli: ProjectCLI,
+    options: argparse.Namespace,
+    variants: dict[str, tuple[Variant, Runner]],
+    spec: Inputs,
+    example: torch.Tensor,
+) -> tuple[float, list[int]]:
+    """Run the module and every variant on the same batches (token batches also at a second padded length);
+    returns the module's own accuracy, and the sequence lengths checked (token inputs)."""
+    model, correct, samples, lengths = cli.model, 0, 0, set()
     total = min(options.batches, len(loader(cli, options.split)))
     for batch in track(split_batches(cli, options.split, options.batches), "checking", total=total):
-        images, labels = model.inputs_and_targets(batch)
+        batch_inputs, labels = model.inputs_and_targets(batch)
         labels = labels.numpy()
-        with torch.no_grad():
-            reference = model(images).numpy()
-        correct, samples = correct + int((reference.argmax(1) == labels).sum()), samples + len(labels)
-        for variant, run in variants.values():
-            logits = run(images)
-            variant.max_abs_diff = max(variant.max_abs_diff, float(np.abs(logits - reference).max()))
-            variant.counts["agree"] += int((logits.argmax(1) == reference.argmax(1)).sum())
-            variant.counts["correct"] += int((logits.argmax(1) == labels).sum())
-            variant.counts["samples"] += len(labels)
+        for number, checked in enumerate(spec.checked(batch_inputs)):
+            lengths.update([checked.shape[1]] if spec.sequence else [])
+            with torch.no_grad():
+                reference = model(checked).numpy()
+            if number == 0:  # accuracy and agreement on the batch as the split gives it
+                correct, samples = correct + int((reference.argmax(1) == labels).sum()), samples + len(labels)
+            for variant, run in variants.values():
+                logits = run_variant(variant, run, checked, example)
+                variant.max_abs_diff = max(variant.max_abs_diff, float(np.abs(logits - reference).max()))
+                if number == 0:
+                    variant.counts["agree"] += int((logits.argmax(1) == reference.argmax(1)).sum())
+                    variant.counts["correct"] += int((logits.argmax(1) == labels).sum())
+                    variant.counts["samples"] += len(labels)
     first = inputs(cli, next(split_batches(cli, options.split, 1)))[:1]
     for variant, run in variants.values():
         variant.accuracy = variant.counts["correct"] / variant.counts["samples"]
         variant.top1_agreement = variant.counts["agree"] / variant.counts["samples"]
         variant.size_mb, variant.gzip_mb = file_sizes(Path(variant.path))
         variant.latency_ms = median_latency_ms(run, first, options.repeats)
-    return correct / max(samples, 1)
+    return correct / max(samples, 1), sorted(lengths)
 
 
 def report_table(variants: list[Variant], module_accuracy: float, split: str) -> Table:
@@ -201,20 +256,27 @@ def main(args: list[str] | None = None) -> dict:
     cli = load_run(options.ckpt_path, overrides)
     options.out = options.out or options.ckpt_path.resolve().parent.parent / "export"
     options.out.mkdir(parents=True, exist_ok=True)
-    images = inputs(cli, next(split_batches(cli, options.split, 1)))
-    example = images[:2] if len(images) > 1 else images.repeat(2, 1, 1, 1)  # batch 2: the batch axis stays free
+    spec = model_inputs(cli)
+    tokenizer = copy_tokenizer(cli, options.out) if spec.sequence else None
+    first = inputs(cli, next(split_batches(cli, options.split, 1)))
+    # batch 2: the batch axis stays free
+    example = first[:2] if len(first) > 1 else first.repeat(2, *[1] * (first.dim() - 1))
     calibration = []
     if "static-int8" in options.quantize:
         other = "val" if options.split == "test" else "test"  # calibrate on data the table does not report
         calibration = [inputs(cli, b).numpy() for b in split_batches(cli, other, options.calibration_batches)]
-    variants = build_variants(options, cli.model, example, calibration)
-    module_accuracy = measure(cli, options, variants)
+    variants = build_variants(options, cli.model, example, calibration, spec)
+    module_accuracy, lengths = measure(cli, options, variants, spec, example)
     results = [variant for variant, _ in variants.values()]
     Console(width=max(Console().width, 120)).print(report_table(results, module_accuracy, options.split))
     report = {"checkpoint": str(options.ckpt_path), "format": options.format, "split": options.split,
               "module_accuracy": module_accuracy, "variants": [asdict(v) for v in results]}  # fmt: skip
+    if tokenizer is not None:
+        report.update(input=spec.name, tokenizer=tokenizer, sequence_lengths=lengths)
+        print(f"checked at {len(lengths)} token lengths from {lengths[0]} to {lengths[-1]}", file=sys.stderr)
     (options.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(f"exported to {options.out} (report.json holds the table)")
+    tokenizer_file = " with tokenizer.json" if tokenizer else ""
+    print(f"exported to {options.out}{tokenizer_file} (report.json holds the table)")
     fp32 = variants["fp32"][0]
     tolerance = 1e-3 * max(1.0, float(np.abs(cli.model(example).detach().numpy()).max()))
     if fp32.max_abs_diff > tolerance:

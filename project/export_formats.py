@@ -1,14 +1,16 @@
 """What project.export writes and runs: ONNX and TorchScript files, pruned copies, int8 versions (through
-onnxruntime), and how each file is timed and sized."""
+onnxruntime), and how each file is timed and sized; `Inputs`, what an exported model takes."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import statistics
 import time
 import warnings
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -20,6 +22,35 @@ from torch.nn.utils import prune
 warnings.filterwarnings("ignore", message=r".*`torch.jit.\w+` is deprecated.*")  # TorchScript is asked for
 PRUNABLE = (nn.Linear, nn.modules.conv._ConvNd)
 Runner = Callable[[torch.Tensor], np.ndarray]
+SECOND_LENGTH_STEP = 8  # a token batch is checked again padded this much longer (or cut to half, at the limit)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What an exported model takes: images (any batch size) or, with `sequence`, token ids [N, L] padded
+    with `pad_id`, any N and any L up to `max_length`."""
+
+    name: str = "images"
+    sequence: bool = False
+    pad_id: int = 0
+    max_length: int | None = None
+
+    def dynamic_shapes(self) -> tuple[dict[int, torch.export.Dim]]:
+        axes = {0: torch.export.Dim("batch")}
+        if self.sequence:
+            axes[1] = torch.export.Dim("tokens", max=self.max_length) if self.max_length else torch.export.Dim("tokens")
+        return (axes,)
+
+    def checked(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        """The inputs a parity check runs for a batch: the batch, and a token batch also at a second padded
+        length, so that an export that fixed the example's length fails the check."""
+        if not self.sequence:
+            return [batch]
+        length = batch.shape[1]
+        if self.max_length is None or length + SECOND_LENGTH_STEP <= self.max_length:
+            padding = torch.full((len(batch), SECOND_LENGTH_STEP), self.pad_id, dtype=batch.dtype)
+            return [batch, torch.cat([batch, padding], 1)]
+        return [batch, batch[:, : max(1, length // 2)]]  # padded at the end: each row keeps its first tokens
 
 
 def pruned_copy(model: nn.Module, amount: float) -> nn.Module:
@@ -38,17 +69,18 @@ def zero_share(model: nn.Module) -> float:
     return sum(int((weight == 0).sum()) for weight in weights) / max(total, 1)
 
 
-def export_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, inputs: Inputs | None = None) -> None:
+    inputs = inputs or Inputs()
     # weights go inside the file unless protobuf's 2 GB limit forces an external data file
     large = sum(p.numel() * p.element_size() for p in model.parameters()) > 1.5e9
-    batch = torch.export.Dim("batch")
     with torch.no_grad():
-        torch.onnx.export(model, (example,), str(path), input_names=["images"], output_names=["logits"],
-                          dynamic_shapes=({0: batch},), external_data=large, verbose=False)  # fmt: skip
+        torch.onnx.export(model, (example,), str(path), input_names=[inputs.name], output_names=["logits"],
+                          dynamic_shapes=inputs.dynamic_shapes(), external_data=large, verbose=False)  # fmt: skip
 
 
-def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
-    # traced, not scripted: the forward branches on dtype and shape, which tracing fixes for uint8 NCHW;
+def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path, inputs: Inputs | None = None) -> None:
+    # traced, not scripted: the forward branches on dtype and shape, which tracing fixes for uint8 NCHW
+    # (sizes read from the input, like a token batch's length, stay symbolic in the trace);
     # Lightning's to_torchscript lets the tracer walk the module without a trainer attached
     with torch.no_grad():
         if isinstance(model, L.LightningModule):
@@ -77,7 +109,7 @@ def torchscript_runner(path: Path) -> Runner:
     return run
 
 
-def quantize_onnx(source: Path, target: Path, mode: str, calibration: list[np.ndarray]) -> None:
+def quantize_onnx(source: Path, target: Path, mode: str, calibration: list[np.ndarray], name: str = "images") -> None:
     """int8 with onnxruntime.quantization, after its recommended pre-processing (shape inference,
     graph optimization that folds batch norms into convolutions)."""
     from onnxruntime.quantization import (
@@ -95,7 +127,7 @@ def quantize_onnx(source: Path, target: Path, mode: str, calibration: list[np.nd
 
         def get_next(self) -> dict | None:
             batch = next(self.batches, None)
-            return None if batch is None else {"images": batch}
+            return None if batch is None else {name: batch}
 
     prepared = target.with_name(f"{target.stem}.prepared.onnx")
     quant_pre_process(str(source), str(prepared))
@@ -123,3 +155,7 @@ def median_latency_ms(run: Runner, image: torch.Tensor, repeats: int) -> float:
         run(image)
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -3,9 +3,11 @@
     python -m project.tune [train overrides...] --n-trials N [--search FILE] [--storage URL] [--study-name NAME]
 
 The train overrides are project.train's own (`--config FILE`, `--section.key VALUE`). Each trial adds the
-values the TPE sampler drew for the keys of the search space (configs/tune/default.yaml), fits without
-testing, and reports the validation metric after every epoch, so that a bad trial is pruned early
-(optuna-integration's PyTorchLightningPruningCallback). Trial N logs to logs/<study>/trial_N/.
+values the TPE sampler drew for the keys of the search space, fits without testing, and reports the
+validation metric after every epoch, so that a bad trial is pruned early (optuna-integration's
+PyTorchLightningPruningCallback). Trial N logs to logs/<study>/trial_N/. The search space is --search, or
+else the task's own, configs/tune/<task>.yaml for a model of project/tasks/<task>/ where that file exists
+(configs/tune/text.yaml for the text task), or else configs/tune/default.yaml (the image task's).
 
 The study is stored in logs/<study>/study.db (SQLite) unless --storage names another database. It runs
 until the study holds N finished (complete or pruned) trials: run the same command again to resume it
@@ -47,7 +49,7 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
         description="Search hyperparameters with Optuna; every trial is a project.train run.",
     )
     parser.add_argument("--n-trials", type=int, required=True, help="finished trials the study should hold")
-    parser.add_argument("--search", type=Path, default=DEFAULT_SEARCH, help="search space YAML")
+    parser.add_argument("--search", type=Path, help="search space YAML (default: the task's, else default.yaml)")
     parser.add_argument("--storage", help="Optuna storage url (default: sqlite:///<logs>/<study>/study.db)")
     parser.add_argument("--study-name", help="default: <experiment>-tune")
     if "-h" in args or "--help" in args:
@@ -58,6 +60,13 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--ckpt_path" in overrides or any(arg.startswith("--ckpt_path=") for arg in overrides):
         raise UserError("--ckpt_path: every trial trains from scratch; tune does not resume checkpoints")
     return options, overrides
+
+
+def default_search(config: Any) -> Path:
+    """configs/tune/<task>.yaml for a model class of project.tasks.<task>, when it exists; else default.yaml."""
+    parts = str(getattr(config.model, "class_path", "")).split(".")
+    own = CONFIG_DIR / "tune" / f"{parts[2]}.yaml" if parts[:2] == ["project", "tasks"] and len(parts) > 3 else None
+    return own if own is not None and own.is_file() else DEFAULT_SEARCH
 
 
 def load_search(path: Path) -> dict[str, Any]:
@@ -243,8 +252,9 @@ def open_study(storage: str, name: str, search: dict, sampler: optuna.samplers.B
 
 def main(args: list[str] | None = None) -> optuna.Study:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
-    search = load_search(options.search)
     config = ConfigOnlyCLI(args=overrides).config  # checks the overrides before any trial
+    options.search = options.search or default_search(config)
+    search = load_search(options.search)
     unknown = [key for key in search["params"] if not has_key(config, key)]
     if unknown:
         raise UserError(f"search space {options.search}: {unknown[0]!r} is not a config key (see project.train --help)")

@@ -117,9 +117,12 @@ def test_every_config_file_is_accepted_and_applied(config, results):
 
 @pytest.mark.parametrize("search_space", SEARCH_SPACES)
 def test_every_search_space_searches_train_options(search_space, results):
-    """A search space's keys (`model.lr`) are options of `python -m project.train`."""
-    assert results[DEFAULTS]["returncode"] == 0, describe(results[DEFAULTS])
-    resolved = yaml.safe_load(results[DEFAULTS]["stdout"])
+    """A search space's keys (`model.lr`) are options of `python -m project.train`: of its task's config for a
+    task's own space (configs/tune/<task>.yaml, which project.tune picks for that task), else of the defaults."""
+    task_config = f"configs/{Path(search_space).stem}/demo.yaml"
+    command = config_command(task_config) if task_config in CONFIGS else DEFAULTS
+    assert results[command]["returncode"] == 0, describe(results[command])
+    resolved = yaml.safe_load(results[command]["stdout"])
     params = yaml.safe_load((REPO / search_space).read_text())["params"]
     assert params, search_space
     for key in params:

@@ -1,7 +1,10 @@
 """Measure the input pipeline and the training loop side by side, in one run, on the same shards.
 
-    python -m project.bench [--data DIR] [--workers N] [--json] [--repeats R] [--samples N] [--steps N]
-                            [--image-size S] [--quick]
+    python -m project.bench [--task image|text] [--data DIR] [--workers N] [--json] [--repeats R] [--samples N]
+                            [--steps N] [--image-size S] [--quick]
+
+`--task text` measures the text task's loader instead (see project/bench/text.py); what follows is the
+image task's bench, the default.
 
 On the training split of DIR (the demo's by default, built if missing), with the data settings of
 configs/default.yaml:
@@ -43,6 +46,7 @@ from project.bench.loader import (
     write_image_folder,
 )
 from project.bench.report import summarize, table
+from project.bench.text import ensure_text_demo, measure_text, summarize_text, text_table
 from project.bench.training import template_rate
 from project.cli import DEFAULT_CONFIG, share_cores_with_workers
 from project.data.samples import read_samples
@@ -51,6 +55,7 @@ from project.data.workers import warm_forkserver
 from project.errors import UserError
 from project.tasks import WORKER_MODULES
 from project.tasks.image.data import DEMO_ROOT, ensure_demo
+from project.tasks.text.data import DEMO_ROOT as TEXT_DEMO_ROOT
 
 # the template run trains without validation
 warnings.filterwarnings("ignore", message=".*could not find the monitored key.*")
@@ -118,8 +123,9 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m project.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default="data/demo", help="a folder with a train/ split (default: the demo)")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers and decoding processes")
+    parser.add_argument("--task", choices=("image", "text"), default="image", help="the task whose loader to measure")
+    parser.add_argument("--data", help="a folder with a train/ split (default: the task's demo)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers and decoding/tokenizing processes")
     parser.add_argument("--json", action="store_true", help="end with one line of JSON: figures and ratios")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each measurement (medians)")
     parser.add_argument("--samples", type=int, default=20000, help="training samples the loaders read")
@@ -127,6 +133,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--image-size", type=int, default=None, help="training image size (default: the config's)")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 512 samples, 6 steps: a smoke run")
     args = parser.parse_args(argv)
+    if args.data is None:
+        args.data = str(TEXT_DEMO_ROOT if args.task == "text" else DEMO_ROOT)
     if args.quick:
         args.repeats, args.samples, args.steps = 1, min(args.samples, 512), min(args.steps, 6)
     if args.workers < 0 or args.repeats < 1 or args.samples < 1 or args.steps < 2:
@@ -134,8 +142,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.task == "text":
+        return text_main(args)
     if Path(args.data).resolve() == DEMO_ROOT.resolve():
         ensure_demo(DEMO_ROOT)
     elif not (Path(args.data) / "train").is_dir():
@@ -145,3 +155,15 @@ def main(argv: list[str] | None = None) -> None:
     print(table(result))
     if args.json:
         print(json.dumps(result))
+    return result
+
+
+def text_main(args: argparse.Namespace) -> dict:
+    data = Path(args.data)
+    ensure_text_demo(data)
+    with tempfile.TemporaryDirectory(prefix="bench-text-") as scratch:
+        result = summarize_text(measure_text(data, args.workers, args.samples, args.repeats, Path(scratch)))
+    print(text_table(result))
+    if args.json:
+        print(json.dumps(result))
+    return result
