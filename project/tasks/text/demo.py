@@ -1,7 +1,7 @@
 """An offline text classification task: eight classes of short reviews (four topics × liked or not),
 written as a CSV, prepared into text shards, with a BPE tokenizer trained on its training split.
 
-    python -m project.tasks.text.demo --out data/text-demo [--samples N] [--seed S]
+    python -m project.tasks.text.demo --out data/text-demo [--samples N] [--seed S] [--join N]
 
 Whether a review is liked depends on word order, not on which words it holds: "not" flips the
 sentiment word right after it, and "not" also appears in asides that flip nothing ("i did not expect
@@ -63,14 +63,16 @@ def review(rng: np.random.Generator) -> tuple[str, str]:
     return ", ".join(parts) + ".", f"{topic}_{'liked' if liked else 'disliked'}"
 
 
-def write_csv(path: Path, samples: int, seed: int = 0) -> None:
+def write_csv(path: Path, samples: int, seed: int = 0, join: int = 1) -> None:
+    """`samples` rows of `join` reviews each, labelled by the first (join > 1: long texts, to measure the
+    loader on texts of a few hundred tokens; the later reviews are noise for the label)."""
     rng = np.random.default_rng(seed)
     with open(path, "w", newline="", encoding="utf-8") as stream:
         writer = csv.writer(stream)
         writer.writerow(["id", "text", "label"])
         for number in range(samples):
-            text, label = review(rng)
-            writer.writerow([f"review{number:07d}", text, label])
+            reviews = [review(rng) for _ in range(join)]
+            writer.writerow([f"review{number:07d}", " ".join(text for text, _ in reviews), reviews[0][1]])
 
 
 def demo_is_complete(root: Path) -> bool:
@@ -79,7 +81,9 @@ def demo_is_complete(root: Path) -> bool:
     )
 
 
-def make_demo(root: Path, samples: int = 24_000, seed: int = 0, vocab_size: int = 1000, quiet: bool = True) -> None:
+def make_demo(
+    root: Path, samples: int = 24_000, seed: int = 0, vocab_size: int = 1000, quiet: bool = True, join: int = 1
+) -> None:
     """Write the CSV, prepare it into root/{train,val,test} (80/10/10) and train the tokenizer."""
     from project.shards.prepare import prepare
     from project.tasks.text.tokenizer import train_tokenizer
@@ -88,7 +92,7 @@ def make_demo(root: Path, samples: int = 24_000, seed: int = 0, vocab_size: int 
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     source = building / "reviews.csv"
-    write_csv(source, samples, seed)
+    write_csv(source, samples, seed, join)
     prepare(str(source), building, samples_per_shard=2000, workers=1, seed=seed, quiet=quiet, text=True)
     train_tokenizer(building, vocab_size=vocab_size, seed=seed, quiet=quiet)
     shutil.rmtree(root, ignore_errors=True)
@@ -101,10 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=24_000, help="reviews in all splits (24000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the reviews and the split (0)")
     parser.add_argument("--vocab-size", type=int, default=1000, help="the tokenizer's vocabulary (1000)")
+    parser.add_argument("--join", type=int, default=1, help="reviews a text (1); 8 makes ~200-token texts")
     args = parser.parse_args(argv)
-    if args.samples < 30:
-        parser.error("--samples must be at least 30")
-    make_demo(Path(args.out), args.samples, args.seed, args.vocab_size, quiet=False)
+    if args.samples < 30 or args.join < 1:
+        parser.error("--samples must be at least 30 and --join at least 1")
+    make_demo(Path(args.out), args.samples, args.seed, args.vocab_size, quiet=False, join=args.join)
     print(f"wrote {args.out}", file=sys.stderr)
 
 
