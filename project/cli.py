@@ -73,7 +73,7 @@ class ProjectCLI(LightningCLI):
         given = list(sys.argv[1:] if args is None else args)
         self.from_checkpoint = from_checkpoint
         if from_checkpoint:
-            args = given = ["--trainer.logger", "false", *given]
+            args = given = [*given, "--trainer.logger", "false"]  # last: a --config file may set a logger
         parser_kwargs = {"default_config_files": [str(DEFAULT_CONFIG), *extra_config_files]}
         parser_kwargs.update(kwargs.pop("parser_kwargs", {}))
         self.help_requested = "-h" in given or "--help" in given

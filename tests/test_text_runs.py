@@ -138,7 +138,9 @@ def test_a_fraction_trains_on_exactly_that_share_and_evaluate_reports_test_acc(r
     assert len(seen) == len(set(seen)) == 240 and set(seen) <= set(split_samples(root, "train"))
 
     folder = whole[0]
-    result = run_here("project.evaluate", f"--ckpt_path={folder / RUN / 'checkpoints' / 'best.ckpt'}", cwd=folder)
+    # with the training's own arguments too, whose config names a logger: evaluation writes no run folder
+    checkpoint = folder / RUN / "checkpoints" / "best.ckpt"
+    result = run_here("project.evaluate", *train_args(root), f"--ckpt_path={checkpoint}", cwd=folder)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     tested = events(folder / RUN).Scalars("test/acc")[-1].value  # what the run measured on its best checkpoint
