@@ -37,3 +37,25 @@ def test_onecycle_rises_from_a_25th_and_ends_near_zero_and_constant_stays_flat()
     assert lr_factor(total, total, 0.2, "onecycle") == pytest.approx(1e-4)
     constant = [lr_factor(step, total, 0.1, "constant") for step in range(total)]
     assert constant[0] == pytest.approx(0.1) and set(constant[10:]) == {1.0}
+
+
+def test_each_batch_of_a_step_draws_its_own_randomness_and_the_same_batch_draws_the_same():
+    """Training randomness (dropout, MixUp) comes from (seed, batch count, rank), which a checkpoint keeps:
+    with gradient accumulation the batches of one optimizer step differ; a resumed run repeats the draws."""
+    import lightning as L
+
+    model = ImageClassifier(num_classes=3, width=4)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    model.trainer = trainer
+    progress = trainer.fit_loop.epoch_loop.batch_progress.total
+
+    def draw(batches: int) -> torch.Tensor:
+        progress.ready = batches  # the optimizer step (global_step) stays 0 throughout
+        with model.step_randomness():
+            return torch.rand(4)
+
+    outside = torch.get_rng_state()
+    first, second = draw(1), draw(2)
+    assert not torch.equal(first, second)
+    assert torch.equal(draw(1), first)
+    assert torch.equal(torch.get_rng_state(), outside)  # the global generator is left as it was

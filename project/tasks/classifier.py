@@ -43,9 +43,14 @@ class Classifier(L.LightningModule):
 
     @contextlib.contextmanager
     def step_randomness(self) -> Iterator[None]:
-        """The randomness of a training step (dropout, MixUp), drawn from (seed, step, rank): a resumed run
-        draws exactly what the uninterrupted one did, which the global generator's state would not give."""
-        seed = hash((int(os.environ.get("PL_GLOBAL_SEED", 0)), self.global_step, self.global_rank))
+        """The randomness of a training step (dropout, MixUp), drawn from (seed, batch, rank): a resumed run
+        draws exactly what the uninterrupted one did, which the global generator's state would not give.
+        The batch count (in the checkpoint's loop state) rather than the optimizer step: with gradient
+        accumulation, each batch of a step draws its own."""
+        batches = self.global_step
+        if self._trainer is not None:
+            batches = self.trainer.fit_loop.epoch_loop.batch_progress.total.ready
+        seed = hash((int(os.environ.get("PL_GLOBAL_SEED", 0)), batches, self.global_rank))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed % 2**63)
             yield
