@@ -95,6 +95,22 @@ def test_zizmor_finds_nothing_and_would_find_an_unpinned_action(tmp_path):
     assert found.returncode != 0 and "unpinned" in found.stdout, found.stdout + found.stderr
 
 
+def test_the_workflows_and_dependabot_match_githubs_schemas_and_a_broken_one_would_not(tmp_path):
+    checker = tool("check-jsonschema")
+    if checker is None:
+        pytest.skip("check-jsonschema is not installed (pip install -e '.[dev]' installs it)")
+
+    def check(schema: str, *paths: Path) -> subprocess.CompletedProcess:
+        command = [checker, "--builtin-schema", f"vendor.{schema}", *map(str, paths)]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    for result in (check("github-workflows", *WORKFLOWS), check("dependabot", REPO / ".github" / "dependabot.yml")):
+        assert result.returncode == 0, result.stdout + result.stderr
+    broken = tmp_path / "tests.yml"  # a step with both `uses` and `run`, and a job without runs-on
+    broken.write_text("on: push\njobs:\n  test:\n    steps:\n      - uses: a/b@v1\n        run: echo\n")
+    assert check("github-workflows", broken).returncode != 0
+
+
 def test_actionlint_finds_nothing():
     actionlint = tool("actionlint")
     if actionlint is None:
