@@ -181,3 +181,11 @@ def test_pad_is_id_0_and_never_encodes_text(dataset):
         ids = tokenizer.encode(text).ids
         assert PAD_ID not in ids
         assert tokenizer.decode(ids).strip() == text.strip()
+
+
+def test_the_report_says_when_the_texts_offer_fewer_tokens_than_asked(dataset):
+    report = tok.train_tokenizer(dataset, vocab_size=60_000, quiet=True)  # far more than a few hundred texts hold
+    assert report.vocab_size < 60_000
+    assert f"{report.vocab_size} tokens (all these texts offer; 60000 asked) from" in report.line()
+    exact = tok.train_tokenizer(dataset, vocab_size=300, quiet=True)
+    assert exact.vocab_size == 300 and "asked" not in exact.line()

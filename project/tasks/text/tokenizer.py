@@ -55,13 +55,15 @@ class TokenizerReport:
     tokens_per_word: float  # mean tokens / mean whitespace-separated words
     tokens_per_byte: float  # mean tokens / mean UTF-8 bytes
     skipped: int  # samples without a UTF-8 .txt member
+    asked: int = 0  # the vocab_size asked for; the texts may offer fewer merges
 
     def line(self) -> str:
         skipped = f" (skipped {self.skipped:,} samples without UTF-8 text)" if self.skipped else ""
+        fewer = f" (all these texts offer; {self.asked} asked)" if self.asked > self.vocab_size else ""
         return (
-            f"wrote {self.path}: {self.vocab_size} tokens from {self.chars:,} characters of {self.texts:,} training "
-            f"texts{skipped}; {self.tokens_per_text:.1f} tokens a text = {self.tokens_per_word:.2f} per word, "
-            f"{self.tokens_per_byte:.2f} per byte"
+            f"wrote {self.path}: {self.vocab_size} tokens{fewer} from {self.chars:,} characters of "
+            f"{self.texts:,} training texts{skipped}; {self.tokens_per_text:.1f} tokens a text = "
+            f"{self.tokens_per_word:.2f} per word, {self.tokens_per_byte:.2f} per byte"
         )
 
 
@@ -248,7 +250,8 @@ def train_tokenizer(
     write_index(index_path, index.shards, index.name, {**index.extra, "tokenizer": entry})
     tokenizer.encode_special_tokens = True  # measure as load_tokenizer encodes
     per_text, per_word, per_byte = _ratios(tokenizer, reader.sample)
-    return TokenizerReport(path, sha256, size, reader.texts, reader.chars, per_text, per_word, per_byte, reader.skipped)
+    return TokenizerReport(path, sha256, size, reader.texts, reader.chars, per_text, per_word, per_byte, reader.skipped,
+                           asked=vocab_size)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> TokenizerReport:
