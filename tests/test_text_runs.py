@@ -14,6 +14,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from project.errors import UserError
 from project.tasks.text import TextClassifier, TextShards
 from project.tasks.text.tokenizer import file_hash, train_tokenizer
 
@@ -175,6 +176,14 @@ def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, m
     tiny_distilbert(folder, list(split_samples(root, "train").values()))
     assert all(module.training for module in TextClassifier(pretrained=str(folder)).modules()), "dropout would be off"
     tokenizer = str(folder / "tokenizer.json")
+    forgot = run_here("project.train", *train_args(root, f"--model.pretrained={folder}"), cwd=tmp_path)
+    assert forgot.returncode == 2, forgot.stderr[-3000:]  # the data's own BPE ids would train on nonsense
+    assert forgot.stderr.strip().splitlines()[-1].endswith(f"set data.tokenizer {tokenizer}"), forgot.stderr[-500:]
+    bare = tmp_path / "weights-only"  # no tokenizer.json beside the weights: the vocabulary sizes still tell
+    shutil.copytree(folder, bare)
+    (bare / "tokenizer.json").unlink()
+    with pytest.raises(UserError, match="tokenizer has 8000 tokens, model.pretrained's embeddings"):
+        TextClassifier(pretrained=str(bare), tokenizer_hash="0" * 64, vocab_size=8000)
     args = train_args(root, f"--model.pretrained={folder}", f"--data.tokenizer={tokenizer}", "--data.max_tokens=64",
                       "--trainer.max_steps=3", "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=1",
                       "--trainer.limit_test_batches=1", "--data.num_workers=0")  # fmt: skip

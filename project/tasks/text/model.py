@@ -3,6 +3,7 @@ text gives the same logits as each text alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 from project.errors import UserError
 from project.tasks.classifier import Classifier
 from project.tasks.text.batch import TextBatch
+from project.tasks.text.tokenizer import file_hash
 
 TABLE_ROWS = 16  # texts of the first training batch shown in TensorBoard
 
@@ -76,6 +78,8 @@ class TextClassifier(Classifier):
         self.save_hyperparameters()
         if pretrained is not None:
             self.encoder = PretrainedEncoder(pretrained)
+            if tokenizer_hash is not None:  # linked from the data (not a model built on its own)
+                self.encoder.check_tokenizer(tokenizer_hash, vocab_size)
         elif encoder == "bag":
             self.encoder = BagEncoder(vocab_size, dim, pad_id)
         elif encoder == "cnn":
@@ -212,6 +216,18 @@ class PretrainedEncoder(nn.Module):
             raise UserError(f"model.pretrained: no Hugging Face model in {folder} ({first})") from None
         self.model.train()  # from_pretrained returns it in eval mode, which Lightning keeps: no dropout in training
         self.dim = self.model.config.hidden_size
+        self.folder = folder
+
+    def check_tokenizer(self, data_hash: str, data_vocab: int) -> None:
+        """The data must be tokenized with the model's own tokenizer: another one's ids would still fit the
+        embedding table and train, silently, on nonsense."""
+        own = Path(self.folder) / "tokenizer.json"
+        hint = f"set data.tokenizer {own}" if own.is_file() else "set data.tokenizer to the model's tokenizer.json"
+        if own.is_file() and file_hash(own) != data_hash:
+            raise UserError(f"the data is tokenized with another tokenizer than model.pretrained's: {hint}")
+        if data_vocab > self.model.config.vocab_size:
+            raise UserError(f"the data's tokenizer has {data_vocab} tokens, model.pretrained's embeddings "
+                            f"{self.model.config.vocab_size}: {hint}")  # fmt: skip
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         states = self.model(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
