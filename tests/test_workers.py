@@ -53,7 +53,9 @@ def test_the_forkserver_ignores_sigterm_and_this_process_keeps_its_handler(demo)
         assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGTERM}
         loader = ImageShards(root=str(demo), batch_size=8, num_workers=2, image_size=16).train_dataloader()
         iterator = iter(loader)
-        next(iterator)
+        # a batch from each worker: torch sets its own SIGTERM handler as a worker starts, and worker_init_fn
+        # replaces it with "ignore" just after; only a worker that has made a batch is surely past that
+        next(iterator), next(iterator)
         workers = [worker.pid for worker in iterator._workers]
         servers = {parent(pid) for pid in workers}
         assert len(servers) == 1 and os.getpid() not in servers, "workers must not be forks of this process"
