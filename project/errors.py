@@ -21,6 +21,11 @@ class ShardError(UserError):
 class DecodeError(ShardError):
     """A sample that a task cannot decode (a bad image, a missing label): the stream skips and counts it."""
 
+    @classmethod
+    def of(cls, sample: dict, reason: object) -> DecodeError:
+        """ "cannot decode sample KEY in shard URL: REASON", for a sample as the stream hands it to a task."""
+        return cls(f"cannot decode sample {sample.get('__key__')!r} in shard {sample.get('__url__')}: {reason}")
+
 
 def one_line(error: BaseException) -> str:
     """The user-facing line of an error, also when a DataLoader worker re-raised it.

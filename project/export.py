@@ -58,10 +58,10 @@ from project.export_formats import (
     onnx_runner,
     pruned_copy,
     quantize_onnx,
-    sha256,
     torchscript_runner,
     zero_share,
 )
+from project.tasks.text.tokenizer import file_hash
 
 
 @dataclass
@@ -147,7 +147,7 @@ def copy_tokenizer(cli: ProjectCLI, out: Path) -> dict:
     target = out / "tokenizer.json"
     if source.resolve() != target.resolve():
         shutil.copyfile(source, target)
-    if sha256(target) != digest:
+    if file_hash(target) != digest:
         raise UserError(f"{source} changed while it was copied to {target}: run the export again")
     print(f"copied the tokenizer {source} to {target}", file=sys.stderr)
     return {"file": target.name, "source": str(source), "sha256": digest, "pad_id": int(data.pad_id),

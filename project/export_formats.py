@@ -4,7 +4,6 @@ onnxruntime), and how each file is timed and sized; `Inputs`, what an exported m
 from __future__ import annotations
 
 import copy
-import hashlib
 import statistics
 import time
 import warnings
@@ -155,7 +154,3 @@ def median_latency_ms(run: Runner, image: torch.Tensor, repeats: int) -> float:
         run(image)
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -4,6 +4,7 @@ index."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 from project.data.shards import ShardIndex
@@ -25,6 +26,22 @@ def data_classes(data: Any, configured: Sequence[str] | None) -> list[str]:
         if data.specs[split] is not None and (names := index_classes(data.index(split))):
             return names
     raise UserError("no class names in the shard indexes: set data.classes (or rebuild the index)")
+
+
+class ClassNames:
+    """For a classification data module: `classes` and `num_classes`, from its `_classes` setting (None:
+    from the shard indexes), resolved once."""
+
+    _classes: Sequence[str] | None = None
+
+    @cached_property
+    def classes(self) -> list[str]:
+        """Class names, from the configuration or else from the first split whose index records them."""
+        return data_classes(self, self._classes)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
 
 
 class UnknownLabel(ValueError):

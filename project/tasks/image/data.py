@@ -3,7 +3,6 @@ and augmented in the DataLoader workers (or decoded on the training device), bat
 
 from __future__ import annotations
 
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,13 +17,13 @@ from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, deco
 from project.tasks.image.demo import demo_is_complete, make_demo
 from project.tasks.image.device_decode import DeviceDecoder
 from project.tasks.image.transforms import Preset, build_transform, pixels, transform_all
-from project.tasks.labels import data_classes
+from project.tasks.labels import ClassNames
 
 DEMO_ROOT = Path("data/demo")
 JPEG_MAGIC = b"\xff\xd8\xff"
 
 
-class ImageShards(ShardDataModule):
+class ImageShards(ClassNames, ShardDataModule):
     """Image classification samples from WebDataset shards: an image member (.jpg, .jpeg, .png, .webp, or
     a .npy array) and a label member (.cls integer, .txt integer or class name, .json with a label field).
 
@@ -61,15 +60,6 @@ class ImageShards(ShardDataModule):
         }
         self.device_decoder = DeviceDecoder(augment, image_size) if decode_on == "device" else None
         self._classes = classes
-
-    @cached_property
-    def classes(self) -> list[str]:
-        """Class names, from the configuration or else from the first split whose index records them."""
-        return data_classes(self, self._classes)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
 
     def prepare_missing(self) -> None:
         """Build the demo data when the configuration reads it and it is missing."""

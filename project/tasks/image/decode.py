@@ -26,10 +26,6 @@ WANTED_EXTENSIONS = frozenset(IMAGE_EXTENSIONS + LABEL_EXTENSIONS + ARRAY_EXTENS
 JSON_LABEL_FIELDS = ("label", "cls", "class")
 
 
-def _where(sample: dict) -> str:
-    return f"sample {sample.get('__key__')!r} in shard {sample.get('__url__')}"
-
-
 def decode_image(data: bytes, size: int | None = None) -> Image.Image:
     """Decode image bytes to RGB; JPEGs decode at a reduced scale when `size` is much smaller."""
     image = Image.open(io.BytesIO(data))
@@ -116,7 +112,7 @@ def sample_label(sample: dict, classes: Sequence[str] | None = None) -> int:
     try:
         return decode_label(sample, classes)
     except (ValueError, UnicodeDecodeError) as error:
-        raise DecodeError(f"cannot decode {_where(sample)}: {error}") from None
+        raise DecodeError.of(sample, error) from None
 
 
 def decode_sample(
@@ -139,4 +135,4 @@ def decode_sample(
             return decode_array(sample["npy"]), label
         raise ValueError(f"no image member (.{', .'.join(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)})")
     except (ValueError, OSError, UnidentifiedImageError, UnicodeDecodeError) as error:
-        raise DecodeError(f"cannot decode {_where(sample)}: {error}") from None
+        raise DecodeError.of(sample, error) from None

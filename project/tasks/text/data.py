@@ -16,7 +16,7 @@ from project.data.samples import Sample
 from project.data.stream import ShardStream
 from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
-from project.tasks.labels import data_classes, label_index
+from project.tasks.labels import ClassNames, label_index
 from project.tasks.text.batch import TextBatch, TextExample, pad_examples
 from project.tasks.text.tokenizer import (
     COMMAND,
@@ -32,7 +32,7 @@ DEMO_ROOT = Path("data/text-demo")
 PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>")  # ours, BERT-style and GPT-style tokenizers' padding tokens
 
 
-class TextShards(ShardDataModule):
+class TextShards(ClassNames, ShardDataModule):
     """Text classification samples from WebDataset shards: a `.txt` member (UTF-8 text) and a `.cls`
     member (an integer label or a class name), as `python -m project.data.prepare SOURCE --text` writes.
 
@@ -69,15 +69,6 @@ class TextShards(ShardDataModule):
         self.tokenizer_file, self.max_tokens, self.token_dropout = tokenizer, max_tokens, token_dropout
         self._classes = classes
         self._tokenizer = None  # loaded where it is used: once in each DataLoader worker
-
-    @cached_property
-    def classes(self) -> list[str]:
-        """Class names, from the configuration or else from the first split whose index records them."""
-        return data_classes(self, self._classes)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
 
     @cached_property
     def tokenizer_path(self) -> str:
@@ -148,16 +139,15 @@ class TextShards(ShardDataModule):
 
     def decode(self, sample: Sample, stage: str) -> TextExample:
         """The sample's label and its token ids, some dropped at random in training (`token_dropout`)."""
-        where = f"sample {sample['__key__']!r} in shard {sample['__url__']}"
         try:
             text = sample["txt"].decode("utf-8")
             label = label_index(sample["cls"].decode("utf-8").strip(), self.classes)
         except KeyError as error:
-            raise DecodeError(f"cannot decode {where}: no .{error.args[0]} member") from None
+            raise DecodeError.of(sample, f"no .{error.args[0]} member") from None
         except (UnicodeDecodeError, ValueError) as error:
-            raise DecodeError(f"cannot decode {where}: {error}") from None
+            raise DecodeError.of(sample, error) from None
         if not text.strip():
-            raise DecodeError(f"cannot decode {where}: the text is empty")
+            raise DecodeError.of(sample, "the text is empty")
         encoding = self.tokenizer.encode(text)
         tokens = encoding.ids
         if stage == "train" and self.token_dropout > 0 and len(tokens) > 1:
