@@ -42,6 +42,8 @@ LINKS = (
 warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
 warnings.filterwarnings("ignore", message=".*`isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+# evaluate and predict load weights only: the checkpoint's callbacks (ModelCheckpoint) have nothing to do
+warnings.filterwarnings("ignore", message=".*when using `ckpt_path`, callbacks used to create the checkpoint.*")
 # tune, scaling, export and bench hand LightningCLI their own argument lists, on purpose
 warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
 
@@ -116,7 +118,10 @@ class ProjectCLI(LightningCLI):
         # RichProgressBar would make enable_progress_bar=false an error)
         if config.get("enable_progress_bar") is not False:
             callbacks.append(RichProgressBar())
-        if config.get("enable_checkpointing") is False:
+        if self.from_checkpoint:  # evaluate, predict: nothing to save, and their dirpath warnings are noise
+            config["callbacks"] = [c for c in config.get("callbacks") or [] if not isinstance(c, ModelCheckpoint)]
+            config["enable_checkpointing"] = False
+        elif config.get("enable_checkpointing") is False:
             # the config's checkpoint callbacks would make Lightning refuse the flag; the flag is the wish
             configured = config.get("callbacks") or []
             config["callbacks"] = [c for c in configured if not isinstance(c, ModelCheckpoint)]
@@ -162,6 +167,16 @@ class EvaluateCLI(ProjectCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
         parser.add_argument("--split", type=Literal["val", "test"], default="test", help="The split to evaluate.")
+
+
+class PredictCLI(ProjectCLI):
+    """ProjectCLI plus predict's output options, for project.predict."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument("--out", type=str, required=True, help="The .jsonl or .parquet file to write.")
+        parser.add_argument("--top_k", type=int, default=5, help="Classes listed per row, most probable first.")
+        parser.add_argument("--embeddings", type=bool, default=False, help="Add each sample's embedding.")
 
 
 def print_help(parser: ArgumentParser, config: Any) -> None:

@@ -27,6 +27,13 @@ class DecodeError(ShardError):
         return cls(f"cannot decode sample {sample.get('__key__')!r} in shard {sample.get('__url__')}: {reason}")
 
 
+def check_positive(**values: float) -> None:
+    """A `UserError` naming the first data setting that is not positive."""
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise UserError(f"data.{name} must be positive, got {value}")
+
+
 def one_line(error: BaseException) -> str:
     """The user-facing line of an error, also when a DataLoader worker re-raised it.
 

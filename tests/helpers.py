@@ -71,3 +71,14 @@ class AnnounceSteps(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         print(f"STEP {trainer.global_step}", flush=True)
         time.sleep(self.delay)
+
+
+class KillAtPredictBatch(Callback):
+    """SIGKILLs its own process as predict batch `batch` starts (after the earlier ones were written)."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if batch_idx == self.batch:
+            os.kill(os.getpid(), 9)

@@ -1,4 +1,4 @@
-"""What every batch carries, whatever the task: its samples' keys and the samples left out of it.
+"""What every batch carries, whatever the task: its samples' keys and shards, and the samples left out of it.
 
 A task's batch is a dataclass that extends `Batch` with its own tensors (`ImageBatch` adds `image` and
 `label`). Lightning moves dataclasses to the device field by field, and the DataLoader pins them through
@@ -31,10 +31,12 @@ class Batch:
 
     Attributes:
         keys: the sample keys of the batch's rows, in order.
+        urls: the shard of each row, in order.
         skipped: the samples planned for this batch that were left out (unreadable or undecodable).
     """
 
     keys: list[str] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
 
     def __len__(self) -> int:

@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from project.data.batch import Batch, Skipped
+from project.data.files import is_plain_folder, pack_folder
 from project.data.health import SkipLedger
 from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
@@ -24,10 +25,10 @@ from project.data.samples import Sample
 from project.data.shards import Shard, ShardIndex, resolve_shards
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, start_forkserver
-from project.errors import UserError
+from project.errors import UserError, check_positive
 
 DataSpec = str | list[str]
-SPLITS = ("train", "val", "test")
+SPLITS = ("train", "val", "test")  # the splits of `root`; `predict` is only ever given explicitly
 
 
 class ShardDataModule(L.LightningDataModule):
@@ -44,6 +45,8 @@ class ShardDataModule(L.LightningDataModule):
             pattern (``shard-{000000..000099}.tar``), a URL of a shard index, or a list of these.
         val: the validation split, overriding root/val (same forms as train).
         test: the test split, overriding root/test (same forms as train).
+        predict: what `project.predict` reads (same forms as train, labels optional), or a plain folder of
+            the files the task reads (`predict_files`), packed once into shards in a temporary folder.
         batch_size: samples per batch on each device (the global batch is this × devices × nodes).
         num_workers: DataLoader worker processes per device that read, decode and augment.
         shuffle_buffer: encoded training samples held in the shuffle buffer.
@@ -68,6 +71,10 @@ class ShardDataModule(L.LightningDataModule):
 
     # the tar members `decode` reads (lower-case extensions); no other member is ever read into memory
     extensions: frozenset[str] = frozenset()
+    # the members that hold a sample's label (the active-learning oracle replaces them with a .cls)
+    label_extensions: frozenset[str] = frozenset()
+    # the file suffixes (lower case, no dot) of a plain folder that `predict` may read: each file is a sample
+    predict_files: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -75,6 +82,7 @@ class ShardDataModule(L.LightningDataModule):
         train: DataSpec | None = None,
         val: DataSpec | None = None,
         test: DataSpec | None = None,
+        predict: DataSpec | None = None,
         batch_size: int = 128,
         num_workers: int = 2,
         shuffle_buffer: int = 1000,
@@ -103,6 +111,7 @@ class ShardDataModule(L.LightningDataModule):
             split: spec if spec is not None else (os.path.join(root, split) if root else None)
             for split, spec in (("train", train), ("val", val), ("test", test))
         }
+        self.specs["predict"] = predict
         self.batch_size, self.num_workers = batch_size, num_workers
         self.shuffle_buffer, self.seed = shuffle_buffer, seed
         self.fraction = fraction
@@ -117,6 +126,7 @@ class ShardDataModule(L.LightningDataModule):
             start_forkserver([type(self).__module__])
         self._ledgers: dict[str, SkipLedger] = {}  # the current pass's, by stage
         self._resume_position: dict | None = None
+        self._split_starts: dict[str, int] = {}  # a split's next pass starts at this batch (predict resumes)
         self._loaders: dict[str, EpochLoader] = {}
         self._indexes: dict[str, ShardIndex] = {}
         self._prepared = False
@@ -135,7 +145,7 @@ class ShardDataModule(L.LightningDataModule):
 
     def collate(self, examples: list[Any], stage: str) -> Batch:
         """One batch from the examples `decode` returned, in order: a `Batch` subclass. The stream fills
-        in its `keys` and `skipped`."""
+        in its `keys`, `urls` and `skipped`."""
         raise NotImplementedError(f"{type(self).__name__} must define collate(examples, stage)")
 
     def prepare_missing(self) -> None:
@@ -153,6 +163,8 @@ class ShardDataModule(L.LightningDataModule):
             spec = self.specs[split]
             if spec is None:
                 raise UserError(f"no {split} data configured: set data.root or data.{split}")
+            if split == "predict" and is_plain_folder(spec):
+                spec = pack_folder(spec, self.predict_files)
             self._indexes[split] = resolve_shards(spec)
         return self._indexes[split]
 
@@ -221,6 +233,17 @@ class ShardDataModule(L.LightningDataModule):
     def test_dataloader(self) -> EpochLoader:
         return self.loader("test")
 
+    def predict_dataloader(self) -> EpochLoader:
+        return self.loader("predict")
+
+    def start_split_at(self, split: str, batches: int) -> None:
+        """Start the next pass over an evaluation split at its batch `batches` (a resumed predict)."""
+        self._split_starts[split] = batches
+
+    def take_split_start(self, split: str) -> int:
+        """The batch where this pass over `split` starts, once (0 unless `start_split_at` set one)."""
+        return self._split_starts.pop(split, 0)
+
     # -- exact resume ---------------------------------------------------------------------------------
 
     def train_position(self) -> dict[str, int]:
@@ -261,6 +284,7 @@ class ShardDataModule(L.LightningDataModule):
         if trainer is None:
             return
         stage = "train" if trainer.training else "val" if (trainer.validating or trainer.sanity_checking) else "test"
+        stage = "predict" if trainer.predicting else stage
         ledger = self._ledgers.get(stage)
         if ledger is None or ledger.epoch != trainer.current_epoch:
             planned = sum(shard.nsamples for shard in self.shards(stage)) // trainer.world_size
@@ -272,12 +296,5 @@ class ShardDataModule(L.LightningDataModule):
         """What the DataLoader workers get of this module (it is the stream's task): its settings, not the
         trainer, the loaders or every split's shard list."""
         state = self.__dict__.copy()
-        state.update(trainer=None, _loaders={}, _ledgers={}, _indexes={}, _resume_position=None)
+        state.update(trainer=None, _loaders={}, _ledgers={}, _indexes={}, _resume_position=None, _split_starts={})
         return state
-
-
-def check_positive(**values: float) -> None:
-    """A `UserError` naming the first data setting that is not positive."""
-    for name, value in values.items():
-        if value is not None and value <= 0:
-            raise UserError(f"data.{name} must be positive, got {value}")

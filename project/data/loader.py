@@ -13,14 +13,16 @@ from project.data.workers import StartMethod, WorkerInit, as_is, worker_context
 
 
 class PositionKeeper(Protocol):
-    """Where a loader's training position is kept (`ShardDataModule`): its trainer, and the position
-    saved in checkpoints and restored from them."""
+    """Where a loader's training position is kept (`ShardDataModule`): its trainer, the position saved in
+    checkpoints and restored from them, and where a resumed evaluation pass (predict) starts."""
 
     trainer: Any
 
     def train_position(self) -> dict[str, int]: ...
 
     def take_resume_position(self) -> dict | None: ...
+
+    def take_split_start(self, split: str) -> int: ...
 
 
 class EpochLoader(DataLoader):
@@ -65,6 +67,8 @@ class EpochLoader(DataLoader):
                     f"resuming mid-epoch with {now} instead of {saved}: this epoch continues on the new "
                     "split and may repeat or miss samples; later epochs are exact"
                 )
+        elif self.datamodule is not None and not stream.train:
+            done = self.datamodule.take_split_start(stream.stage)
         stream.set_epoch(epoch)
         stream.resume_after(done)
         return super().__iter__()

@@ -192,7 +192,7 @@ class ShardStream(IterableDataset):
 
     def _batch(self, samples: list, plan: WorkerPlan, number: int) -> Batch:
         """Decode and collate one batch through the task; samples it cannot use are left out and listed."""
-        examples, keys, skipped = [], [], []
+        examples, keys, urls, skipped = [], [], [], []
         with torch.random.fork_rng(devices=[]):
             if plan.shuffle_seed is not None:
                 # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
@@ -212,12 +212,13 @@ class ShardStream(IterableDataset):
                     skipped.append(Skipped(sample["__url__"], sample["__key__"], str(error)))
                     continue
                 keys.append(sample["__key__"])
+                urls.append(sample["__url__"])
             if not examples:
                 raise ShardError(f"every sample of a batch was unreadable; the first: {skipped[0].reason}")
             batch = self.task.collate(examples, self.stage)
         if not isinstance(batch, Batch):
             raise TypeError(f"{type(self.task).__name__}.collate must return a Batch, not {type(batch).__name__}")
-        batch.keys, batch.skipped = keys, skipped
+        batch.keys, batch.urls, batch.skipped = keys, urls, skipped
         return batch
 
     def _encoded(self, segments: Sequence[Segment]) -> Iterator[Sample | Missing]:

@@ -12,6 +12,7 @@ import functools
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -28,10 +29,42 @@ PER_CLASS_SCALARS_UP_TO = 100  # more classes than this: per-class accuracy only
 STAGES = ("train", "val", "test")
 
 
+@dataclass
+class Prediction:
+    """What `predict_step` returns for a batch: its keys, class probabilities, embeddings and known labels.
+
+    Attributes:
+        keys: the batch's sample keys, in row order.
+        urls: the shard of each row.
+        probs: float32 [B, C] softmax probabilities.
+        embeddings: float32 [B, F], the features the head maps to logits.
+        labels: int64 [B], the samples' labels where they have one, else -1 (`labels.NO_LABEL`).
+    """
+
+    keys: list[str]
+    urls: list[str]
+    probs: torch.Tensor
+    embeddings: torch.Tensor
+    labels: torch.Tensor | None
+
+
 class Classifier(L.LightningModule):
     """The metrics, reports and optimization of a classifier. Its subclass's hyperparameters (saved with
     `save_hyperparameters`) must include num_classes, class_names, optimizer, lr, momentum, weight_decay,
-    schedule, warmup_fraction and label_smoothing."""
+    schedule, warmup_fraction and label_smoothing. It has a `head` that maps `features(batch)` to logits."""
+
+    head: nn.Module
+
+    def features(self, batch: Any) -> torch.Tensor:
+        """The batch's feature vectors [B, F], before the head."""
+        raise NotImplementedError(f"{type(self).__name__} must define features(batch)")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Prediction:
+        """Probabilities and embeddings of a batch (`python -m project.predict`, active learning)."""
+        embeddings = self.features(batch)
+        probs = self.head(embeddings).float().softmax(-1)
+        labels = getattr(batch, "label", None)
+        return Prediction(list(batch.keys), list(batch.urls), probs, embeddings.float(), labels)
 
     def setup_metrics(self, num_classes: int) -> None:
         """Accuracy per stage, mean loss for val and test, and the test confusion matrix."""

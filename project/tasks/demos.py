@@ -12,7 +12,7 @@ from pathlib import Path
 def uses_folder(data, folder: Path) -> bool:
     """Whether a data module reads exactly folder/{train,val,test}."""
     root = data.root
-    if not root or any(data.specs[split] != os.path.join(root, split) for split in data.specs):
+    if not root or any(data.specs[split] != os.path.join(root, split) for split in ("train", "val", "test")):
         return False
     return Path(root).resolve() == folder.resolve()
 

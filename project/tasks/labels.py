@@ -10,6 +10,8 @@ from typing import Any
 from project.data.shards import ShardIndex
 from project.errors import UserError
 
+NO_LABEL = -1  # the label of a sample read for predict that has none (or none that names a known class)
+
 
 def index_classes(index: ShardIndex) -> list[str] | None:
     """The class names a shard index records (under "classes", beside the shard list), if any."""

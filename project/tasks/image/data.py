@@ -13,7 +13,15 @@ from project.data.samples import Sample
 from project.data.stream import ShardStream
 from project.tasks.demos import build_once, uses_folder
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch, ImageExample
-from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_sample, sample_label
+from project.tasks.image.decode import (
+    ARRAY_EXTENSIONS,
+    IMAGE_EXTENSIONS,
+    LABEL_EXTENSIONS,
+    WANTED_EXTENSIONS,
+    decode_sample,
+    optional_label,
+    sample_label,
+)
 from project.tasks.image.demo import demo_is_complete, make_demo
 from project.tasks.image.device_decode import DeviceDecoder
 from project.tasks.image.transforms import Preset, build_transform, pixels, transform_all
@@ -43,6 +51,8 @@ class ImageShards(ClassNames, ShardDataModule):
     """
 
     extensions = WANTED_EXTENSIONS
+    label_extensions = frozenset(LABEL_EXTENSIONS)
+    predict_files = frozenset(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)
 
     def __init__(
         self,
@@ -56,7 +66,8 @@ class ImageShards(ClassNames, ShardDataModule):
         super().__init__(**kwargs)
         self.image_size, self.augment, self.decode_on = image_size, augment, decode_on
         self.transforms = {
-            stage: build_transform(augment, image_size, train=stage == "train") for stage in ("train", "val", "test")
+            stage: build_transform(augment, image_size, train=stage == "train")
+            for stage in ("train", "val", "test", "predict")
         }
         self.device_decoder = DeviceDecoder(augment, image_size) if decode_on == "device" else None
         self._classes = classes
@@ -73,13 +84,16 @@ class ImageShards(ClassNames, ShardDataModule):
     # -- in the DataLoader workers --------------------------------------------------------------------
 
     def decode(self, sample: Sample, stage: str) -> ImageExample:
-        """The sample's label and its pixels, or, with decode_on=device, its JPEG bytes."""
+        """The sample's label and its pixels, or, with decode_on=device, its JPEG bytes. For predict the
+        label is optional (`NO_LABEL` when missing)."""
+        need_label = stage != "predict"
         if self.decode_on == "device":
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if extension in ("jpg", "jpeg") and sample[extension].startswith(JPEG_MAGIC):
-                label = sample_label(sample, self.classes)  # a bad label fails here, as on the CPU path
+                # a bad label fails here, as on the CPU path
+                label = sample_label(sample, self.classes) if need_label else optional_label(sample, self.classes)
                 return ImageExample(label, jpeg=sample[extension], url=sample["__url__"])
-        image, label = decode_sample(sample, self.image_size, self.classes)
+        image, label = decode_sample(sample, self.image_size, self.classes, need_label)
         return ImageExample(label, pixels(image))
 
     def collate(self, examples: list[ImageExample], stage: str) -> ImageBatch:

@@ -17,7 +17,7 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.io import ImageReadMode
 
 from project.errors import DecodeError
-from project.tasks.labels import UnknownLabel, index_classes, label_index  # noqa: F401 - also imported from here
+from project.tasks.labels import NO_LABEL, UnknownLabel, index_classes, label_index  # noqa: F401 - also imported from here
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "txt", "json")
@@ -115,15 +115,24 @@ def sample_label(sample: dict, classes: Sequence[str] | None = None) -> int:
         raise DecodeError.of(sample, error) from None
 
 
+def optional_label(sample: dict, classes: Sequence[str] | None = None) -> int:
+    """The sample's label, or `NO_LABEL` when it has none that can be read."""
+    try:
+        return decode_label(sample, classes)
+    except (ValueError, UnicodeDecodeError):
+        return NO_LABEL
+
+
 def decode_sample(
-    sample: dict, size: int | None = None, classes: Sequence[str] | None = None
+    sample: dict, size: int | None = None, classes: Sequence[str] | None = None, need_label: bool = True
 ) -> tuple[Image.Image | np.ndarray | torch.Tensor, int]:
     """(image, label) for one grouped tar sample; raises `DecodeError` naming the shard and key.
 
     The image is a PIL image, an HWC/HW array (.npy), or a CHW uint8 tensor (JPEGs that need no draft).
+    Without `need_label` (predict), a sample without a usable label gets `NO_LABEL`.
     """
     try:
-        label = decode_label(sample, classes)
+        label = decode_label(sample, classes) if need_label else optional_label(sample, classes)
         extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
         if extension in ("jpg", "jpeg"):
             fast = decode_jpeg_pixels(sample[extension], size)

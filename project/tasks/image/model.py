@@ -109,6 +109,9 @@ class ImageClassifier(Classifier):
         """Logits for a batch of uint8 (or already normalized float) images, NCHW."""
         return self.head(self.backbone(self.normalize(images)))
 
+    def features(self, batch: ImageBatch) -> torch.Tensor:
+        return self.backbone(self.normalize(batch.image))
+
     def configure_model(self) -> None:
         if self.hparams.channels_last:
             self.to(memory_format=torch.channels_last)

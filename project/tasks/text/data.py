@@ -16,7 +16,7 @@ from project.data.samples import Sample
 from project.data.stream import ShardStream
 from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
-from project.tasks.labels import ClassNames, label_index
+from project.tasks.labels import NO_LABEL, ClassNames, label_index
 from project.tasks.text.batch import TextBatch, TextExample, pad_examples
 from project.tasks.text.tokenizer import (
     COMMAND,
@@ -53,6 +53,8 @@ class TextShards(ClassNames, ShardDataModule):
     """
 
     extensions = frozenset({"txt", "cls"})
+    label_extensions = frozenset({"cls"})
+    predict_files = frozenset({"txt"})  # a plain folder of .txt files: one text each
 
     def __init__(
         self,
@@ -141,7 +143,7 @@ class TextShards(ClassNames, ShardDataModule):
         """The sample's label and its token ids, some dropped at random in training (`token_dropout`)."""
         try:
             text = sample["txt"].decode("utf-8")
-            label = label_index(sample["cls"].decode("utf-8").strip(), self.classes)
+            label = self.label_of(sample) if stage == "predict" else label_index(self.label_text(sample), self.classes)
         except KeyError as error:
             raise DecodeError.of(sample, f"no .{error.args[0]} member") from None
         except (UnicodeDecodeError, ValueError) as error:
@@ -157,6 +159,17 @@ class TextShards(ClassNames, ShardDataModule):
             kept = [token for token, gone, keep in zip(tokens, drop, special, strict=True) if keep or not gone]
             tokens = kept if len(kept) > sum(special) else tokens
         return TextExample(tokens, label)
+
+    @staticmethod
+    def label_text(sample: Sample) -> str:
+        return sample["cls"].decode("utf-8").strip()
+
+    def label_of(self, sample: Sample) -> int:
+        """For predict: the sample's label, or `NO_LABEL` when it has none that can be read."""
+        try:
+            return label_index(self.label_text(sample), self.classes)
+        except (KeyError, ValueError, UnicodeDecodeError):
+            return NO_LABEL
 
     def collate(self, examples: list[TextExample], stage: str) -> TextBatch:
         """Pad the examples' tokens to the longest of them."""

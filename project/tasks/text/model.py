@@ -96,6 +96,9 @@ class TextClassifier(Classifier):
         mask = tokens != self.hparams.pad_id
         return self.head(self.encoder(tokens, mask))
 
+    def features(self, batch: TextBatch) -> torch.Tensor:
+        return self.encoder(batch.tokens, batch.tokens != self.hparams.pad_id)
+
     def inputs_and_targets(self, batch: TextBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """What `forward` takes from a batch, and what its output is scored against (export, bench)."""
         return batch.tokens, batch.label

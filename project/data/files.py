@@ -1,0 +1,100 @@
+"""A plain folder of files as shards: what `project.predict` reads when it is given a folder of images (or of
+.txt files) instead of shards.
+
+Each file the task can read (by suffix) becomes one sample, packed once into uncompressed tar shards in a
+temporary folder named after the folder's listing (paths, sizes and modification times): a second run over
+the same files reuses the shards, so a killed predict resumes on the same plan, and a changed folder gets
+new ones. The packing is deterministic and lands with one rename, so ranks that pack the same folder at the
+same time agree without talking to each other.
+
+A sample's key is the file's path relative to the folder, with the dots and percent signs of its file name
+escaped (webdataset's key rule ends a key at the file name's first dot): `unpack_key` gives the path back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from project.data.shards import INDEX_NAME, SHARD_SUFFIXES, Shard, write_index
+from project.errors import UserError
+
+FILES_PER_SHARD = 1000
+PACKED_KEY = "files_from"  # the shard index of a packed folder records the folder under this key
+
+
+def is_plain_folder(spec: object) -> bool:
+    """A local folder with neither a shard index nor tar shards in it."""
+    if not isinstance(spec, str) or not os.path.isdir(spec):
+        return False
+    if os.path.exists(os.path.join(spec, INDEX_NAME)):
+        return False
+    return not any(name.endswith(SHARD_SUFFIXES) for name in os.listdir(spec))
+
+
+def listing(folder: Path, suffixes: frozenset[str]) -> list[Path]:
+    """The files under `folder` whose suffix is one of `suffixes`, sorted by relative path (hidden ones out)."""
+    found = []
+    for root, directories, names in os.walk(folder):
+        directories[:] = sorted(d for d in directories if not d.startswith("."))
+        found += [Path(root, n) for n in names if not n.startswith(".") and n.rpartition(".")[2].lower() in suffixes]
+    return sorted(found, key=lambda path: path.relative_to(folder).as_posix())
+
+
+def pack_key(relative: str) -> str:
+    """The sample key of a relative path: its file name's '%' and '.' escaped, so the key keeps them all."""
+    folder, _, name = relative.rpartition("/")
+    escaped = name.replace("%", "%25").replace(".", "%2E")
+    return f"{folder}/{escaped}" if folder else escaped
+
+
+def unpack_key(key: str) -> str:
+    """The relative path a packed key came from."""
+    return key.replace("%2E", ".").replace("%25", "%")
+
+
+def pack_folder(folder: str, suffixes: frozenset[str], cache: str | None = None) -> str:
+    """Pack the readable files of `folder` into shards (once) and return the folder that holds them."""
+    source = Path(folder).resolve()
+    if not suffixes:
+        raise UserError(f"{folder} is a plain folder (no shards, no {INDEX_NAME}), and this task reads none")
+    files = listing(source, suffixes)
+    if not files:
+        wanted = ", ".join(f".{suffix}" for suffix in sorted(suffixes))
+        raise UserError(f"no shards and no files to read in {folder}: expected a {INDEX_NAME}, .tar files or {wanted}")
+    digest = hashlib.sha256(str(source).encode())
+    for path in files:
+        stat = path.stat()
+        digest.update(f"\0{path.relative_to(source).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    target = Path(cache or tempfile.gettempdir()) / "lightning-shards-files" / digest.hexdigest()[:24]
+    if (target / INDEX_NAME).exists():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        shards = [write_shard(building / f"files-{number:06d}.tar", source, files[start : start + FILES_PER_SHARD])
+                  for number, start in enumerate(range(0, len(files), FILES_PER_SHARD))]  # fmt: skip
+        write_index(building / INDEX_NAME, shards, name=source.name, extra={PACKED_KEY: str(source)})
+        os.rename(building, target)  # atomic; fails if another process packed it first, which is as good
+    except OSError:
+        if not (target / INDEX_NAME).exists():
+            raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return str(target)
+
+
+def write_shard(path: Path, source: Path, files: list[Path]) -> Shard:
+    """One uncompressed tar of `files`, each as member `<key>.<suffix>` (the suffix in lower case)."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:  # pax: paths of any length
+        for file in files:
+            relative = file.relative_to(source).as_posix()
+            info = tarfile.TarInfo(f"{pack_key(relative)}.{file.suffix[1:].lower()}")
+            info.size, info.mtime, info.mode = file.stat().st_size, 0, 0o644
+            with open(file, "rb") as stream:
+                tar.addfile(info, stream)
+    return Shard(str(path), len(files), path.stat().st_size)

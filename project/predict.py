@@ -1,0 +1,100 @@
+"""Predict with one checkpoint on data with or without labels, streaming rows to a JSONL or Parquet file.
+
+    python -m project.predict --ckpt_path PATH --data.predict SPEC --out FILE [--top_k K] [--embeddings true]
+        [--config FILE]... [--section.key V]...
+
+SPEC is anything a split takes (a folder of shards, a shard index, a glob, a brace pattern, a URL, a list),
+or a plain folder of the files the task reads (images; .txt files for the text task). Each sample is read
+exactly once over every rank and worker (the evaluation plan), and each row holds its key (a plain folder's
+file path), the predicted class and its probability, the top-k classes with theirs, the label when the
+sample has one, and with `--embeddings true` the features before the head. Rows reach the disk as they are
+made; under DDP each rank writes its part and rank 0 merges them at the end. A killed run, started again
+with the same command, continues where each rank stopped. The run's own config.yaml (next to its
+checkpoints/ folder) is loaded after configs/default.yaml, as for `project.evaluate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from project.callbacks.predictions import check_output
+from project.data.workers import start_forkserver_for
+from project.errors import UserError, run_main
+from project.evaluate import run_config
+from project.tasks import WORKER_MODULES
+
+
+def checkpoint_classes(path: Path) -> list[str] | None:
+    """The class names a checkpoint's model was trained with (its hyperparameters), if it records them."""
+    import torch
+
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception:  # noqa: BLE001 - not loadable this way: the data's own class names are used
+        return None
+    names = (checkpoint.get("hyper_parameters") or {}).get("class_names")
+    return [str(name) for name in names] if isinstance(names, list | tuple) and names else None
+
+
+def early_arguments(args: list[str]) -> argparse.Namespace:
+    """The options read before the full parse: the checkpoint decides the run config to load."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--ckpt_path")
+    early.add_argument("--out")
+    early.add_argument("--data.predict", dest="predict")
+    early.add_argument("--data.classes", dest="classes")
+    early.add_argument("-h", "--help", action="store_true")
+    early.add_argument("--print_config", nargs="?", const=True)
+    return early.parse_known_args(args)[0]
+
+
+def main(args: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if args is None else args)
+    known = early_arguments(args)
+    extra: list[str] = []
+    if not (known.help or known.print_config):
+        if known.ckpt_path is None:
+            raise UserError("--ckpt_path is required: the checkpoint to predict with")
+        if not Path(known.ckpt_path).is_file():
+            raise UserError(f"checkpoint not found: {known.ckpt_path}")
+        if known.out is None:
+            raise UserError("--out is required: the .jsonl or .parquet file to write")
+        if known.predict is None:
+            raise UserError("--data.predict is required: the shards or folder of files to predict on")
+        check_output(Path(known.out))
+        extra = run_config(Path(known.ckpt_path))
+        classes = checkpoint_classes(Path(known.ckpt_path)) if known.classes is None else None
+        if classes:  # the model's own classes: the training data need not be there any more
+            args = [f"--data.classes={json.dumps(classes)}", *args]
+        start_forkserver_for(args, WORKER_MODULES)  # before the imports below, beside them
+    # imported here: the workers' server runs this module too (project/data/workers.py, `preload`)
+    from project.callbacks.predictions import PredictionWriter
+    from project.cli import PredictCLI
+    from project.data.files import PACKED_KEY, unpack_key
+
+    cli = PredictCLI(args=args, extra_config_files=extra, from_checkpoint=True)
+    config, data, model = cli.config, cli.datamodule, cli.model
+    if not callable(getattr(model, "features", None)):
+        raise UserError(f"{type(model).__name__} cannot predict: it has no features(batch) and head")
+    if config.top_k < 1:
+        raise UserError(f"--top_k must be at least 1, got {config.top_k}")
+    index = data.index("predict")  # resolved (a plain folder packed) before the trainer starts
+    names = list(getattr(model.hparams, "class_names", None) or [str(i) for i in range(model.hparams.num_classes)])
+    ckpt = Path(config.ckpt_path)
+    writer = PredictionWriter(Path(config.out), names, config.top_k, config.embeddings,
+                              key_name=unpack_key if PACKED_KEY in index.extra else str,
+                              identity=f"{ckpt.resolve()}:{ckpt.stat().st_size}:{ckpt.stat().st_mtime_ns}")  # fmt: skip
+    cli.trainer.callbacks.append(writer)
+    cli.trainer.predict(model, datamodule=data, ckpt_path=str(ckpt), return_predictions=False)
+    rows = writer.merged_rows
+    if rows is not None:
+        left_out = f" ({index.nsamples - rows} unreadable samples left out)" if rows < index.nsamples else ""
+        print(f"wrote {rows} rows to {config.out}{left_out}", file=sys.stderr)
+    return rows or 0
+
+
+if __name__ == "__main__":
+    run_main(main)
