@@ -1,0 +1,1 @@
+"""Active learning over an unlabeled shard pool: python -m project.active."""

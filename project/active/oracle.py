@@ -1,0 +1,165 @@
+"""The human oracle's round trip: a CSV of keys to label (plus a contact sheet), and reading it back filled.
+
+`write_request` writes FOLDER/to_label.csv (`key,label[,text]`), FOLDER/classes.txt (the allowed names, one a
+line) and, for image samples, FOLDER/to_label.png (a tile per sample captioned `<row>: <key>`). A person fills
+the `label` column with class names or indices; `read_answers` takes back the good rows and says, one line per
+bad row, what is wrong with the others.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PIL import Image
+
+from project.errors import UserError
+from project.shards.inspect import contact_sheet
+
+REQUEST = "to_label.csv"
+SHEET = "to_label.png"
+CLASSES = "classes.txt"
+IMAGES = ("jpg", "jpeg", "png", "webp")
+PREVIEW = 200  # characters of text shown in the CSV's `text` column
+SHOWN_CLASSES = 10  # classes named in an "unknown class" problem
+
+
+def _temporary(path: Path) -> Path:
+    """A hidden sibling of `path`, keeping its suffix (PIL picks the format from it)."""
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
+
+def _replace(path: Path, write) -> None:
+    """Write `path` through `write(temporary)` and a rename, so a reader never sees half a file."""
+    temporary = _temporary(path)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _image_of(sample: dict) -> bytes | None:
+    return next((sample[ext] for ext in IMAGES if ext in sample), None)
+
+
+def _preview(sample: dict) -> str:
+    data = sample.get("txt")
+    if data is None:
+        return ""
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else str(data)
+    return text[:PREVIEW].replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+
+
+def _tile(data: bytes | None) -> Image.Image:
+    try:
+        if data is None:
+            raise ValueError("no image")
+        return Image.open(io.BytesIO(data)).convert("RGB")
+    except Exception:  # undecodable (or no) image: a grey tile keeps the row numbers in step
+        return Image.new("RGB", (64, 64), (128, 128, 128))
+
+
+def write_request(folder: Path, samples: list[dict], classes: list[str]) -> list[Path]:
+    """Write FOLDER/to_label.csv (`key,label`, plus `text` when some sample is text only), FOLDER/classes.txt
+    and, when samples have images, FOLDER/to_label.png; each atomically. Returns the paths written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with_text = any("txt" in s and _image_of(s) is None for s in samples)
+    with_images = any(_image_of(s) is not None for s in samples)
+    request, names, sheet = folder / REQUEST, folder / CLASSES, folder / SHEET
+
+    def write_csv(temporary: Path) -> None:
+        with open(temporary, "w", encoding="utf-8", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["key", "label", "text"] if with_text else ["key", "label"])
+            for sample in samples:
+                writer.writerow([sample["__key__"], "", _preview(sample)] if with_text else [sample["__key__"], ""])
+
+    _replace(request, write_csv)
+    _replace(names, lambda temporary: temporary.write_text("".join(f"{c}\n" for c in classes), encoding="utf-8"))
+    if not with_images:
+        sheet.unlink(missing_ok=True)  # an earlier round's sheet would show other keys
+        return [request, names]
+    tiles = [(_tile(_image_of(s)), f"{row}: {s['__key__']}") for row, s in enumerate(samples, start=1)]
+    _replace(sheet, lambda temporary: contact_sheet(tiles, temporary))
+    return [request, names, sheet]
+
+
+@dataclass
+class Answers:
+    labels: dict[str, int] = field(default_factory=dict)  # key -> class index, for the good rows, in file order
+    problems: list[str] = field(default_factory=list)  # one line per bad row: "to_label.csv line N: <what>"
+    unanswered: list[str] = field(default_factory=list)  # keys asked for with an empty label cell, or no row
+
+
+def _label(text: str, classes: list[str]) -> int | str:
+    """The class index a label cell means, or what is wrong with it."""
+    if text in classes:
+        return classes.index(text)
+    folded = [i for i, name in enumerate(classes) if name.casefold() == text.casefold()]
+    if len(folded) == 1:
+        return folded[0]
+    if folded:
+        return f"label {text!r} matches several classes ignoring case: {', '.join(classes[i] for i in folded)}"
+    try:
+        index = int(text)
+    except ValueError:
+        more = f", ... ({len(classes)} classes)" if len(classes) > SHOWN_CLASSES else ""
+        shown = ", ".join(classes[:SHOWN_CLASSES]) + more
+        return f"unknown class {text!r}, expected one of {shown}"
+    if 0 <= index < len(classes):
+        return index
+    return f"class index {index} out of range, expected 0..{len(classes) - 1}"
+
+
+def read_answers(path: Path, asked: list[str], classes: list[str]) -> Answers:
+    """Read a filled to_label.csv: labels are class names (exact, or a unique case-insensitive match) or
+    indices. Bad rows each get one line in `problems` and no label; both rows of a repeated key are bad."""
+    path = Path(path)
+    rows: list[tuple[int, str, str]] = []  # (line, key, label) of the non-blank rows
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as file:
+            reader = csv.reader(file)
+            names = [cell.strip().lower() for cell in next(reader, [])]
+            if "key" not in names or "label" not in names:
+                raise UserError(f"answers file {path} has no 'key' and 'label' columns in its first line")
+            key_at, label_at = names.index("key"), names.index("label")
+            last = reader.line_num
+            for cells in reader:
+                line, last = last + 1, reader.line_num  # the line a (possibly multi-line) row starts on
+                if any(cell.strip() for cell in cells):
+                    key = cells[key_at].strip() if key_at < len(cells) else ""
+                    rows.append((line, key, cells[label_at].strip() if label_at < len(cells) else ""))
+    except FileNotFoundError:
+        raise UserError(f"no answers file {path}: fill in the label column of the request and save it there") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise UserError(f"cannot read answers file {path}: {error}") from None
+    lines_of: dict[str, list[int]] = {}
+    for line, key, _ in rows:
+        lines_of.setdefault(key, []).append(line)
+    wanted, bad = set(asked), set()
+    answers = Answers()
+    for line, key, label in rows:
+        problem = None
+        if not key:
+            problem = f"no key (label {label!r})"
+        elif key not in wanted:
+            problem = f"key {key!r} was not asked for"
+        elif len(lines_of[key]) > 1:
+            where = ", ".join(str(n) for n in lines_of[key])
+            problem = f"key {key!r} appears {len(lines_of[key])} times (lines {where}): its answer is ambiguous"
+        elif label:
+            index = _label(label, classes)
+            if isinstance(index, str):
+                problem = index
+            else:
+                answers.labels[key] = index
+        if problem:
+            answers.problems.append(f"{path.name} line {line}: {problem}")
+            bad.add(key)
+    answers.unanswered = [key for key in asked if key not in answers.labels and key not in bad]
+    return answers
