@@ -1,0 +1,242 @@
+"""One active-learning loop (one strategy, one seed): train, score the pool, select, label, append; repeat.
+
+Every step leaves its result in the round's folder before the next one starts, so a loop that is run
+again continues at the first step that has no result:
+
+    <run>/<strategy>/seed_<s>/round_<r>/   the round's training run (TensorBoard, config.yaml, checkpoints/)
+        metrics.json    labeled-set size, val and test metrics of the model trained in this round
+        selected.csv    the keys it selected from the pool (key, shard, score), best first
+        to_label.csv    (human oracle) the keys to label, with to_label.png or a text preview
+
+and the labeled set's index lists `round-<r+1>.tar` once the round's samples are appended (see labeled.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+
+from project.active import labeled as labeled_set
+from project.active.oracle import REQUEST, read_answers, write_request
+from project.active.strategies import Selected, Strategy, make_strategy
+from project.data.loader import EpochLoader
+from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
+from project.data.stream import ShardStream
+from project.errors import UserError
+
+WAITING = "waiting for labels"
+
+
+@dataclass
+class Settings:
+    """What every loop of one `project.active` command shares."""
+
+    pool: ShardIndex
+    pool_spec: str
+    budget: int
+    rounds: int
+    oracle: str  # simulated | human
+    warm_start: bool
+    candidates: int | None
+    overrides: list[str]  # train flags: the configs and the user's
+    classes: list[str]
+    tensorboard: bool  # the configured logger is TensorBoard's: each round logs into its own folder
+
+
+class PoolScorer(Callback):
+    """Feeds each predicted pool batch to a strategy, leaving out the keys already labeled."""
+
+    def __init__(self, strategy: Strategy, labeled: set[str]) -> None:
+        self.strategy, self.labeled = strategy, labeled
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:  # noqa: ANN001
+        rows = [row for row, key in enumerate(outputs.keys) if key not in self.labeled]
+        if rows:
+            index = torch.tensor(rows, device=outputs.probs.device)
+            embeddings = outputs.embeddings.index_select(0, index) if self.strategy.needs_embeddings else None
+            self.strategy.update([outputs.keys[r] for r in rows], [outputs.urls[r] for r in rows],
+                                 outputs.probs.index_select(0, index).cpu(),
+                                 None if embeddings is None else embeddings.cpu())  # fmt: skip
+
+
+def write_json(path: Path, data: Any) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(temporary, path)
+
+
+class ActiveLoop:
+    """The rounds of one (strategy, seed) loop, its labeled set in `labeled` and its rounds in `folder`."""
+
+    def __init__(self, strategy: str, seed: int, settings: Settings, folder: Path, labeled: Path) -> None:
+        self.strategy, self.seed, self.settings = strategy, seed, settings
+        self.folder, self.labeled = folder, labeled
+
+    def run(self) -> tuple[list[dict], str]:
+        """Rounds until the last is measured, or until the human oracle has labels to give; returns the
+        measured rounds as curve rows, and "done" or WAITING."""
+        rows: list[dict] = []
+        for number in range(self.settings.rounds + 1):
+            folder = self.folder / f"round_{number}"
+            folder.mkdir(parents=True, exist_ok=True)
+            metrics, cli = self.train(number, folder)
+            rows.append({"strategy": self.strategy, "seed": self.seed, "round": number,
+                         "labeled": metrics["labeled"], "acc": metrics.get("test/acc", float("nan"))})  # fmt: skip
+            if number == self.settings.rounds:
+                break
+            if not labeled_set.round_is_listed(self.labeled, round_shard(number + 1)):
+                selected = self.select(number, folder, cli)
+                if not self.label_and_append(number, folder, selected, cli):
+                    self.save_state(rows, WAITING)
+                    return rows, WAITING
+        self.save_state(rows, "done")
+        return rows, "done"
+
+    # -- train and measure ---------------------------------------------------------------------------
+
+    def round_cli(self, number: int, folder: Path) -> Any:
+        from project.cli import ProjectCLI
+
+        flags = [*self.settings.overrides, f"--data.train={self.labeled / INDEX_NAME}",
+                 f"--data.predict={self.settings.pool_spec}", f"--seed_everything={self.seed}",
+                 f"--data.seed={self.seed}", f"--trainer.default_root_dir={folder}"]  # fmt: skip
+        return ProjectCLI(args=[*flags, *(logger_flags(folder) if self.settings.tensorboard else [])])
+
+    def train(self, number: int, folder: Path) -> tuple[dict, Any]:
+        """The round's model, trained on the labeled set (or its checkpoint, when trained before) and measured."""
+        checkpoint = folder / "checkpoints" / "last.ckpt"
+        done = folder / "metrics.json"
+        if done.exists() and checkpoint.exists():
+            cli = self.round_cli(number, folder)
+            cli.model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
+            return json.loads(done.read_text()), cli
+        cli = self.round_cli(number, folder)
+        size = cli.datamodule.index("train").nsamples
+        previous = self.folder / f"round_{number - 1}" / "checkpoints" / "last.ckpt"
+        what = f"{self.strategy}, seed {self.seed}, round {number}"
+        warm = self.settings.warm_start and previous.exists()
+        if warm:
+            cli.model.load_state_dict(torch.load(previous, map_location="cpu", weights_only=True)["state_dict"])
+        start = f" from round {number - 1}'s weights" if warm else ""
+        print(f"\n{what}: training on {size} labeled samples{start}", file=sys.stderr)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        cli.trainer.save_checkpoint(checkpoint)  # before the metrics: a round with metrics has its weights
+        metrics = {"labeled": size}
+        for run in (cli.trainer.validate, cli.trainer.test):
+            for result in run(cli.model, datamodule=cli.datamodule, verbose=False):
+                metrics.update({key: float(value) for key, value in result.items()})
+        write_json(done, metrics)
+        print(f"{what}: test/acc {metrics.get('test/acc', float('nan')):.4f} with {size} labels", file=sys.stderr)
+        return metrics, cli
+
+    # -- select ---------------------------------------------------------------------------------------
+
+    def select(self, number: int, folder: Path, cli: Any) -> list[Selected]:
+        """The round's selection from the pool (read back when it was made before)."""
+        path = folder / "selected.csv"
+        if path.exists():
+            with open(path, newline="") as stream:
+                return [Selected(row["key"], row["shard"], float(row["score"])) for row in csv.DictReader(stream)]
+        settings = self.settings
+        strategy = make_strategy(self.strategy, settings.budget, self.seed, number, settings.candidates)
+        labeled = labeled_set.labeled_keys(self.labeled)
+        if strategy.needs_model:
+            cli.trainer.callbacks.append(PoolScorer(strategy, labeled))
+            cli.trainer.predict(cli.model, datamodule=cli.datamodule, return_predictions=False)
+        else:  # random: the keys are enough (tar headers only), no model is run
+            for key, url in labeled_set.pool_keys(settings.pool):
+                if key not in labeled:
+                    strategy.update([key], [url], None)
+        embeddings = self.labeled_embeddings(cli) if strategy.needs_embeddings else None
+        selected = strategy.select(embeddings)
+        if not selected:
+            raise UserError(f"the pool has no unlabeled samples left to select (round {number})")
+        temporary = path.with_name(f".{path.name}.tmp")
+        with open(temporary, "w", newline="") as stream:
+            writer = csv.writer(stream)
+            writer.writerow(["key", "shard", "score"])
+            writer.writerows([item.key, item.url, repr(item.score)] for item in selected)
+        os.replace(temporary, path)
+        return selected
+
+    def labeled_embeddings(self, cli: Any) -> torch.Tensor:
+        """The model's embeddings of the labeled set (kcenter measures distances from it)."""
+        data, model = cli.datamodule, cli.model
+        stream = ShardStream(resolve_shards(str(self.labeled / INDEX_NAME)).shards, data, stage="predict",
+                             batch_size=data.batch_size, skip_corrupt=True)  # fmt: skip
+        model.eval()
+        with torch.no_grad():
+            parts = [model.predict_step(model.transfer_batch_to_device(batch, model.device, 0), 0).embeddings.cpu()
+                     for batch in EpochLoader(stream, None, num_workers=0)]  # fmt: skip
+        return torch.cat(parts) if parts else torch.empty(0)
+
+    # -- label and append -----------------------------------------------------------------------------
+
+    def label_and_append(self, number: int, folder: Path, selected: list[Selected], cli: Any) -> bool:
+        """Get the selection's labels and append them as the next shard; False while a human has not answered."""
+        pairs = [(item.key, item.url) for item in selected]
+        what = f"{self.strategy}, seed {self.seed}, round {number}"
+        samples = get_labels(folder, pairs, self.settings, cli.datamodule.label_extensions, what)
+        if samples is None:
+            return False
+        labeled_set.append(self.labeled, round_shard(number + 1), samples)
+        return True
+
+    def save_state(self, rows: list[dict], status: str) -> None:
+        write_json(self.folder / "state.json", {"strategy": self.strategy, "seed": self.seed, "status": status,
+                                                "labeled_set": str(self.labeled), "rounds": rows})  # fmt: skip
+
+
+def round_shard(number: int) -> str:
+    return f"round-{number:04d}.tar"
+
+
+def logger_flags(folder: Path) -> list[str]:
+    """The round's TensorBoard run in `folder` itself: <run>/<strategy>/seed_<s>/round_<r>/."""
+    prefix = "--trainer.logger.init_args"
+    return [f"{prefix}.save_dir={folder.parent.parent}", f"{prefix}.name={folder.parent.name}",
+            f"{prefix}.version={folder.name}"]  # fmt: skip
+
+
+def get_labels(folder: Path, pairs: list[tuple[str, str]], settings: Settings, label_members: frozenset[str],
+               what: str) -> list[dict] | None:  # fmt: skip
+    """The labeled samples of the (key, shard) pairs, from the oracle; None while a human has not answered.
+
+    simulated: the pool's samples as they are, label members included. human: the first call writes
+    folder/to_label.csv and returns None; once it is filled in, the samples without their own label
+    members and with a `.cls` holding the answer. Bad rows are printed, one line each, and left out.
+    """
+    if settings.oracle == "simulated":
+        samples = labeled_set.fetch(pairs)
+        unlabeled = next((key for key, sample in samples.items() if not label_members & sample.keys()), None)
+        if unlabeled is not None:
+            raise UserError(f"the simulated oracle needs the pool's labels, and sample {unlabeled!r} has none: "
+                            "use --oracle human")  # fmt: skip
+        return [samples[key] for key, _ in pairs]
+    request = folder / REQUEST
+    if not request.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        samples = labeled_set.fetch(pairs, drop=label_members)
+        written = write_request(folder, [samples[key] for key, _ in pairs], settings.classes)
+        sheet = next((path.name for path in written if path.suffix == ".png"), "its text column")
+        print(f"{what}: label the {len(pairs)} samples of {request} (see {sheet}), then run the same command again",
+              file=sys.stderr)  # fmt: skip
+        return None
+    answers = read_answers(request, [key for key, _ in pairs], settings.classes)
+    for problem in answers.problems:
+        print(problem, file=sys.stderr)
+    if not answers.labels:
+        print(f"{what}: {request} has no usable label yet; fill in its label column", file=sys.stderr)
+        return None
+    if answers.unanswered:
+        print(f"{what}: {len(answers.unanswered)} samples left without a label go back to the pool", file=sys.stderr)
+    samples = labeled_set.fetch([(key, url) for key, url in pairs if key in answers.labels], drop=label_members)
+    return [{**samples[key], "cls": str(label).encode()} for key, label in answers.labels.items()]

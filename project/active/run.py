@@ -1,0 +1,199 @@
+"""Active learning over an unlabeled shard pool: train on a labeled set, select the pool samples that should
+help most, label them, append them, repeat; and compare strategies against random selection.
+
+    python -m project.active --pool SPEC --labeled DIR --budget K --rounds R [--strategy S[,S...]]
+        [--initial N] [--seeds N] [--seed S] [--oracle simulated|human] [--warm-start] [--candidates M]
+        [--run DIR] [train overrides...]
+
+Each (strategy, seed) runs its own loop from the same seed set. A round trains a model on the loop's
+labeled set (from scratch, or from the last round's weights with --warm-start), measures it on data.val
+and data.test (never on the pool), scores the pool, selects K samples no loop round selected before, gets
+their labels, and appends them to the labeled set as a new shard. After R rounds the last model is
+measured too, so each loop gives R + 1 points of test accuracy against labeled-set size.
+
+The labeled set: with one strategy and one seed, DIR's own shard index grows; otherwise each loop's index
+is DIR/<strategy>/seed_<s>/shardindex.json, listing the seed set's shards and then its own. The seed set is
+DIR's index when DIR has one; when DIR is missing or empty, it is --initial N samples (default 1% of the
+pool) drawn at random from the pool for each seed.
+
+Oracles: `simulated` copies the pool's own labels (hidden from training until a sample is selected);
+`human` writes <round>/to_label.csv (and to_label.png for images) and stops: fill in the label column and
+run the same command again.
+
+Results in the run folder (default logs/<experiment>-active/): curves.png and curves.csv (mean and spread
+over seeds), rounds.csv, TensorBoard's test accuracy against labels (`tensorboard --logdir RUN/tensorboard`),
+and per loop its rounds' runs and state.json. Run the same command again after an interruption: it
+continues at the first step without a result. Train overrides (`--trainer.max_steps 300`,
+`--model.backbone resnet18`) apply to every round, after configs/active/default.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+from project.active import labeled as labeled_set
+from project.active.curves import claim_lines, compare, summarize, write_curves
+from project.active.loop import WAITING, ActiveLoop, Settings, get_labels
+from project.active.strategies import make_strategy, parse_strategies
+from project.cli import CONFIG_DIR, ConfigOnlyCLI, import_class, print_train_help
+from project.data.shards import INDEX_NAME, SHARD_SUFFIXES, ShardIndex, read_index, resolve_shards
+from project.errors import UserError
+from project.tasks.labels import index_classes
+
+ACTIVE_CONFIG = CONFIG_DIR / "active" / "default.yaml"
+INITIAL_SHARD = "initial.tar"
+
+
+def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(active-learning options, train overrides)."""
+    parser = argparse.ArgumentParser(prog="python -m project.active", description=__doc__.split("\n")[0])
+    parser.add_argument("--pool", required=True, help="the unlabeled pool: anything a split takes")
+    parser.add_argument("--labeled", type=Path, required=True, help="the labeled set's folder (its seed set)")
+    parser.add_argument("--budget", type=int, required=True, help="samples selected per round")
+    parser.add_argument("--rounds", type=int, required=True, help="rounds of selection")
+    parser.add_argument("--strategy", default="entropy,random", help="comma-separated: random, entropy, margin, "
+                        "least-confidence, kcenter (default: entropy,random)")  # fmt: skip
+    parser.add_argument("--initial", type=int, help="seed set size when --labeled is empty (default: 1%% of the pool)")
+    parser.add_argument("--seeds", type=int, default=1, help="loops per strategy, seeds S, S+1, ... (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--oracle", choices=("simulated", "human"), default="simulated")
+    parser.add_argument("--warm-start", action="store_true", help="start each round from the last round's weights")
+    parser.add_argument("--candidates", type=int, help="kcenter: pool samples it compares (default 10 x budget)")
+    parser.add_argument("--run", type=Path, help="run folder (default: logs/<experiment>-active)")
+    if "-h" in args or "--help" in args:
+        print_train_help(parser.format_help())
+    options, overrides = parser.parse_known_args(args)
+    for name in ("budget", "seeds", "initial", "candidates"):
+        value = getattr(options, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name} must be at least 1, got {value}")
+    if options.rounds < 0:
+        raise UserError(f"--rounds must be 0 or more, got {options.rounds}")
+    for flag, why in (("--ckpt_path", "every round trains its own model"), ("--data.train", "the labeled set is")):
+        if any(arg == flag or arg.startswith(f"{flag}=") for arg in overrides):
+            raise UserError(f"{flag} cannot be set for active learning: {why} the training split")
+    return options, overrides
+
+
+def settings_from(options: argparse.Namespace, overrides: list[str]) -> tuple[Settings, Path, frozenset[str], int]:
+    """The loops' shared settings, the run folder, the task's label members and the seed set size, checked
+    before any training."""
+    overrides = ["--config", str(ACTIVE_CONFIG), *overrides]
+    config = ConfigOnlyCLI(args=overrides).config  # a bad override fails here, before any work
+    pool = resolve_shards(options.pool)
+    initial = options.initial or max(1, round(0.01 * pool.nsamples))
+    needed = options.budget * options.rounds + (0 if has_index(options.labeled) else initial)
+    if needed > pool.nsamples:
+        raise UserError(f"the pool has {pool.nsamples} samples, fewer than the {needed} that --initial, --budget "
+                        f"and --rounds would select")  # fmt: skip
+    if options.labeled.exists() and not options.labeled.is_dir():
+        raise UserError(f"--labeled {options.labeled} is a file: name the labeled set's folder")
+    folder = options.labeled
+    shards = [p for p in folder.iterdir() if p.name.endswith(SHARD_SUFFIXES)] if folder.is_dir() else []
+    if shards and not has_index(options.labeled):  # (the loops' own folders are fine)
+        raise UserError(f"--labeled {options.labeled} holds shards but no {INDEX_NAME} (python -m project.data.index)")
+    seed_index = read_index(str(options.labeled / INDEX_NAME)) if has_index(options.labeled) else None
+    data_init = getattr(config.data, "init_args", None)
+    classes = (getattr(data_init, "classes", None) or index_classes(pool)
+               or (index_classes(seed_index) if seed_index else None))  # fmt: skip
+    if not classes:
+        raise UserError("no class names: the pool's shard index records none; set --data.classes")
+    logger = getattr(config.trainer.logger, "init_args", None)
+    experiment = getattr(logger, "name", None) or "demo"
+    run = options.run or Path(getattr(logger, "save_dir", None) or "logs") / f"{experiment}-active"
+    label_members = import_class(config.data.class_path).label_extensions
+    tensorboard = logger is not None and "version" in logger
+    settings = Settings(pool, options.pool, options.budget, options.rounds, options.oracle, options.warm_start,
+                        options.candidates, overrides, list(classes), tensorboard)  # fmt: skip
+    return settings, run, label_members, initial
+
+
+def has_index(folder: Path) -> bool:
+    return (folder / INDEX_NAME).exists()
+
+
+def seed_set(folder: Path, seed: int, size: int, settings: Settings, run: Path, label_members: frozenset[str]) -> bool:
+    """Draw the seed set of `seed` into the labeled set at `folder` (--initial samples at random), unless
+    it holds samples already; False while a human has not labeled the draw."""
+    if has_index(folder) and read_index(str(folder / INDEX_NAME)).shards:
+        return True
+    draw = make_strategy("random", size, seed, -1)
+    for key, url in labeled_set.pool_keys(settings.pool):
+        draw.update([key], [url], None)
+    pairs = [(item.key, item.url) for item in draw.select()]
+    request = run / "initial" / f"seed_{seed}"
+    samples = get_labels(request, pairs, settings, label_members, f"the seed set of seed {seed}")
+    if samples is None:
+        return False
+    labeled_set.start(folder, None, settings.pool)
+    labeled_set.append(folder, INITIAL_SHARD, samples)
+    return True
+
+
+def quiet() -> None:
+    """Lightning's banners once, not once per round, and no hint that a small labeled set has few batches."""
+    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(args: list[str] | None = None) -> list[dict]:
+    options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
+    quiet()
+    strategies = parse_strategies(options.strategy)
+    settings, run, label_members, initial = settings_from(options, overrides)
+    single = len(strategies) == 1 and options.seeds == 1
+    given = read_index(str(options.labeled / INDEX_NAME)) if has_index(options.labeled) and not single else None
+    rows, waiting = [], []
+    for seed in range(options.seed, options.seed + options.seeds):
+        start: ShardIndex | None = given
+        if given is None:
+            folder = options.labeled if single else options.labeled / "initial" / f"seed_{seed}"
+            if not seed_set(folder, seed, initial, settings, run, label_members):
+                waiting.append(f"seed set of seed {seed}")
+                continue
+            start = read_index(str(folder / INDEX_NAME))
+        for strategy in strategies:
+            labeled = options.labeled if single else options.labeled / strategy / f"seed_{seed}"
+            labeled_set.start(labeled, start, settings.pool)
+            loop_rows, status = ActiveLoop(strategy, seed, settings, run / strategy / f"seed_{seed}", labeled).run()
+            rows += loop_rows
+            if status == WAITING:
+                waiting.append(f"{strategy}, seed {seed}")
+    report(rows, run, waiting)
+    return rows
+
+
+def report(rows: list[dict], run: Path, waiting: list[str]) -> None:
+    """Curves, TensorBoard's accuracy against labels, and how the strategies compare with random."""
+    if rows:
+        run.mkdir(parents=True, exist_ok=True)
+        csv_path, png_path = write_curves(rows, run)
+        write_tensorboard(rows, run / "tensorboard")
+        summary = summarize(rows)
+        for strategy in sorted({row["strategy"] for row in summary}):
+            points = [f"{row['acc_mean']:.3f} ({row['labeled']})" for row in summary if row["strategy"] == strategy]
+            print(f"{strategy}: test/acc (labels), mean over seeds: {' → '.join(points)}")
+        for line in claim_lines(compare(rows)):
+            print(line)
+        print(f"curves: {png_path} and {csv_path}\nwatch:  tensorboard --logdir {run / 'tensorboard'}")
+    if waiting:
+        print(f"waiting for labels ({'; '.join(waiting)}): fill in each to_label.csv named above, then run the "
+              "same command again", file=sys.stderr)  # fmt: skip
+
+
+def write_tensorboard(rows: list[dict], folder: Path) -> None:
+    """`active/test_acc` against labeled-set size, one TensorBoard run per (strategy, seed), rewritten whole."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    shutil.rmtree(folder, ignore_errors=True)
+    for strategy, seed in sorted({(row["strategy"], row["seed"]) for row in rows}):
+        with SummaryWriter(str(folder / f"{strategy}-seed{seed}")) as writer:
+            loop = sorted((r for r in rows if (r["strategy"], r["seed"]) == (strategy, seed)), key=lambda r: r["round"])
+            for row in loop:
+                writer.add_scalar("active/test_acc", row["acc"], global_step=row["labeled"])
