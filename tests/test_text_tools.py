@@ -231,3 +231,36 @@ def test_scaling_runs_two_fractions_of_the_text_task(text_data, tmp_path):
     assert [float(row["fraction"]) for row in rows] == [0.5, 1.0]
     assert [int(row["train_samples"]) for row in rows] == [240, 480]
     assert all(0 <= float(row["test/acc"]) <= 1 for row in rows) and (folder / "scaling.png").is_file()
+
+
+def test_predict_reads_a_plain_folder_of_txt_files_by_path(text_run: Path, tmp_path: Path):
+    folder = tmp_path / "reviews"
+    (folder / "new").mkdir(parents=True)
+    texts = {"a.txt": "great value, works well", "new/b.v2.txt": "broke after a day", "new/c.txt": "it is fine"}
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+    (folder / "image.jpg").write_bytes(b"not read by the text task")
+    out = tmp_path / "rows.jsonl"
+    args = [f"--ckpt_path={text_run / 'checkpoints' / 'best.ckpt'}", f"--data.predict={folder}", f"--out={out}",
+            "--top_k=2", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    result = run_here("project.predict", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    classes = yaml.safe_load((text_run / "hparams.yaml").read_text())["class_names"]
+    assert sorted(row["key"] for row in rows) == sorted(texts)
+    assert all(row["pred"] in classes and len(row["top_classes"]) == 2 and "label" not in row for row in rows)
+
+
+def test_active_learning_runs_on_text_shards_with_the_pool_s_tokenizer(text_data: Path, tmp_path: Path):
+    args = [f"--pool={text_data / 'train'}", f"--labeled={tmp_path / 'labeled'}", f"--run={tmp_path / 'run'}",
+            "--budget=16", "--initial=16", "--rounds=1", "--strategy=margin", "--config", str(TEXT_CONFIG),
+            f"--data.root={text_data}", *TINY_MODEL, "--data.batch_size=8", "--trainer.max_steps=6",
+            "--trainer.enable_progress_bar=false"]  # fmt: skip
+    result = run_here("project.active", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    labeled = tmp_path / "labeled"
+    assert file_hash(labeled / "tokenizer.json") == file_hash(text_data / "train" / "tokenizer.json")
+    index = json.loads((labeled / "shardindex.json").read_text())
+    assert sum(shard["nsamples"] for shard in index["shardlist"]) == 32
+    state = json.loads((tmp_path / "run" / "margin" / "seed_0" / "state.json").read_text())
+    assert [r["labeled"] for r in state["rounds"]] == [16, 32] and state["status"] == "done"
