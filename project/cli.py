@@ -174,7 +174,7 @@ class PredictCLI(ProjectCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
-        parser.add_argument("--out", type=str, required=True, help="The .jsonl or .parquet file to write.")
+        parser.add_argument("--out", type=str | None, default=None, help="The .jsonl or .parquet file to write.")
         parser.add_argument("--top_k", type=int, default=5, help="Classes listed per row, most probable first.")
         parser.add_argument("--embeddings", type=bool, default=False, help="Add each sample's embedding.")
 
