@@ -108,7 +108,10 @@ class ActiveLoop:
         flags = [*self.settings.overrides, f"--data.train={self.labeled / INDEX_NAME}",
                  f"--data.predict={self.settings.pool_spec}", f"--seed_everything={self.seed}",
                  f"--data.seed={self.seed}", f"--trainer.default_root_dir={folder}"]  # fmt: skip
-        return ProjectCLI(args=[*flags, *(logger_flags(folder) if self.settings.tensorboard else [])])
+        cli = ProjectCLI(args=[*flags, *(logger_flags(folder) if self.settings.tensorboard else [])])
+        if cli.trainer.world_size > 1:
+            raise UserError("project.active runs each round in one process: drop the multi-device trainer settings")
+        return cli
 
     def train(self, number: int, folder: Path) -> tuple[dict, Any]:
         """The round's model, trained on the labeled set (or its checkpoint, when trained before) and measured."""
