@@ -87,12 +87,13 @@ class ActiveLoop:
         for number in range(self.settings.rounds + 1):
             folder = self.folder / f"round_{number}"
             folder.mkdir(parents=True, exist_ok=True)
-            metrics, cli = self.train(number, folder)
+            selecting = number < self.settings.rounds and not labeled_set.round_is_listed(
+                self.labeled, round_shard(number + 1)
+            )
+            metrics, cli = self.train(number, folder, selecting)
             rows.append({"strategy": self.strategy, "seed": self.seed, "round": number,
                          "labeled": metrics["labeled"], "acc": metrics.get("test/acc", float("nan"))})  # fmt: skip
-            if number == self.settings.rounds:
-                break
-            if not labeled_set.round_is_listed(self.labeled, round_shard(number + 1)):
+            if selecting:
                 selected = self.select(number, folder, cli)
                 if not self.label_and_append(number, folder, selected, cli):
                     self.save_state(rows, WAITING)
@@ -113,11 +114,14 @@ class ActiveLoop:
             raise UserError("project.active runs each round in one process: drop the multi-device trainer settings")
         return cli
 
-    def train(self, number: int, folder: Path) -> tuple[dict, Any]:
-        """The round's model, trained on the labeled set (or its checkpoint, when trained before) and measured."""
+    def train(self, number: int, folder: Path, model_needed: bool = True) -> tuple[dict, Any]:
+        """The round's metrics and its model (None when not needed), trained on the labeled set and measured,
+        or read back from the round's folder when that was done before."""
         checkpoint = folder / "checkpoints" / "last.ckpt"
         done = folder / "metrics.json"
         if done.exists() and checkpoint.exists():
+            if not model_needed:
+                return json.loads(done.read_text()), None
             cli = self.round_cli(number, folder)
             cli.model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
             return json.loads(done.read_text()), cli
