@@ -25,21 +25,33 @@ def run_config(ckpt_path: Path) -> list[str]:
     return [str(config)] if config.exists() else []
 
 
-def main(args: list[str] | None = None) -> dict[str, float]:
-    args = list(sys.argv[1:] if args is None else args)
-    # the checkpoint decides which run config to load, so it is read before the full parse
+def early_arguments(args: list[str], *options: str) -> argparse.Namespace:
+    """What is read before the full parse (the checkpoint decides which run config to load): --ckpt_path,
+    -h, --print_config, and `options` (names such as "--out"; "--data.predict" is read as `predict`)."""
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--ckpt_path")
     early.add_argument("-h", "--help", action="store_true")
     early.add_argument("--print_config", nargs="?", const=True)
-    known, _ = early.parse_known_args(args)
+    for option in options:
+        early.add_argument(option, dest=option.lstrip("-").rpartition(".")[2])
+    return early.parse_known_args(args)[0]
+
+
+def checked_run_config(known: argparse.Namespace, purpose: str) -> list[str]:
+    """The run config of --ckpt_path, once it is given and exists (`purpose`: "evaluate", "predict with")."""
+    if known.ckpt_path is None:
+        raise UserError(f"--ckpt_path is required: the checkpoint to {purpose}")
+    if not Path(known.ckpt_path).is_file():
+        raise UserError(f"checkpoint not found: {known.ckpt_path}")
+    return run_config(Path(known.ckpt_path))
+
+
+def main(args: list[str] | None = None) -> dict[str, float]:
+    args = list(sys.argv[1:] if args is None else args)
+    known = early_arguments(args)
     extra: list[str] = []
     if not (known.help or known.print_config):
-        if known.ckpt_path is None:
-            raise UserError("--ckpt_path is required: the checkpoint to evaluate")
-        if not Path(known.ckpt_path).is_file():
-            raise UserError(f"checkpoint not found: {known.ckpt_path}")
-        extra = run_config(Path(known.ckpt_path))
+        extra = checked_run_config(known, "evaluate")
         start_forkserver_for(args, WORKER_MODULES)  # before the imports below, beside them
     # imported here: the workers' server runs this module too (project/data/workers.py, `preload`)
     from project.cli import EvaluateCLI

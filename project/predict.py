@@ -15,7 +15,6 @@ checkpoints/ folder) is loaded after configs/default.yaml, as for `project.evalu
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 from project.callbacks.predictions import check_output
 from project.data.workers import start_forkserver_for
 from project.errors import UserError, run_main
-from project.evaluate import run_config
+from project.evaluate import checked_run_config, early_arguments
 from project.tasks import WORKER_MODULES
 
 
@@ -39,33 +38,17 @@ def checkpoint_classes(path: Path) -> list[str] | None:
     return [str(name) for name in names] if isinstance(names, list | tuple) and names else None
 
 
-def early_arguments(args: list[str]) -> argparse.Namespace:
-    """The options read before the full parse: the checkpoint decides the run config to load."""
-    early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--ckpt_path")
-    early.add_argument("--out")
-    early.add_argument("--data.predict", dest="predict")
-    early.add_argument("--data.classes", dest="classes")
-    early.add_argument("-h", "--help", action="store_true")
-    early.add_argument("--print_config", nargs="?", const=True)
-    return early.parse_known_args(args)[0]
-
-
 def main(args: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if args is None else args)
-    known = early_arguments(args)
+    known = early_arguments(args, "--out", "--data.predict", "--data.classes")
     extra: list[str] = []
     if not (known.help or known.print_config):
-        if known.ckpt_path is None:
-            raise UserError("--ckpt_path is required: the checkpoint to predict with")
-        if not Path(known.ckpt_path).is_file():
-            raise UserError(f"checkpoint not found: {known.ckpt_path}")
+        extra = checked_run_config(known, "predict with")
         if known.out is None:
             raise UserError("--out is required: the .jsonl or .parquet file to write")
         if known.predict is None:
             raise UserError("--data.predict is required: the shards or folder of files to predict on")
         check_output(Path(known.out))
-        extra = run_config(Path(known.ckpt_path))
         classes = checkpoint_classes(Path(known.ckpt_path)) if known.classes is None else None
         if classes:  # the model's own classes: the training data need not be there any more
             args = [f"--data.classes={json.dumps(classes)}", *args]

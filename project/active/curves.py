@@ -9,9 +9,10 @@ baseline's final accuracy and how far above the baseline it is at equal labels.
 from __future__ import annotations
 
 import csv
-import os
 import statistics
 from pathlib import Path
+
+from project.active.atomic import replace_atomically
 
 SUMMARY_FIELDS = ["strategy", "round", "labeled", "acc_mean", "acc_std", "acc_min", "acc_max", "seeds"]
 ROUND_FIELDS = ["strategy", "seed", "round", "labeled", "acc"]
@@ -40,16 +41,6 @@ def summarize(rows: list[dict]) -> list[dict]:
     return summary
 
 
-def _replace(path: Path, write) -> None:
-    """Write `path` through `write(temporary)` and a rename, so a reader never sees half a file."""
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
     def write(temporary: Path) -> None:
         with open(temporary, "w", encoding="utf-8", newline="") as file:
@@ -57,7 +48,7 @@ def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
             writer.writeheader()
             writer.writerows(rows)
 
-    _replace(path, write)
+    replace_atomically(path, write)
 
 
 def write_curves(rows: list[dict], folder: Path) -> tuple[Path, Path]:
@@ -92,7 +83,7 @@ def write_curves(rows: list[dict], folder: Path) -> tuple[Path, Path]:
     if summary:
         axes.legend()
     figure.tight_layout()
-    _replace(png, lambda temporary: figure.savefig(temporary, format="png"))
+    replace_atomically(png, lambda temporary: figure.savefig(temporary, format="png"))
     return curves, png
 
 

@@ -83,7 +83,7 @@ def append(folder: Path, name: str, samples: list[dict], extra: dict | None = No
     Appending a shard the index already lists does nothing: a re-run after a kill finishes the append."""
     index = read_index(str(folder / INDEX_NAME))
     path = folder / name
-    if any(Path(local_path(shard.url)).resolve() == path.resolve() for shard in index.shards):
+    if lists(index, name):
         return path
     if not samples:
         raise ValueError("an appended shard holds at least one sample")
@@ -104,6 +104,9 @@ def append(folder: Path, name: str, samples: list[dict], extra: dict | None = No
 
 def round_is_listed(folder: Path, name: str) -> bool:
     """Whether the labeled set's index lists the shard `name` (its round was appended)."""
-    if not (folder / INDEX_NAME).exists():
-        return False
-    return any(Path(local_path(shard.url)).name == name for shard in read_index(str(folder / INDEX_NAME)).shards)
+    return (folder / INDEX_NAME).exists() and lists(read_index(str(folder / INDEX_NAME)), name)
+
+
+def lists(index: ShardIndex, name: str) -> bool:
+    """Whether `index` lists a shard file called `name` (a labeled set's shards all sit in its folder)."""
+    return any(Path(local_path(shard.url)).name == name for shard in index.shards)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 from lightning.pytorch import Callback
 
 from project.active import labeled as labeled_set
+from project.active.atomic import replace_atomically, write_json
 from project.active.oracle import REQUEST, read_answers, write_request
 from project.active.strategies import Selected, Strategy, make_strategy
 from project.data.loader import EpochLoader
@@ -65,12 +65,6 @@ class PoolScorer(Callback):
             self.strategy.update([outputs.keys[r] for r in rows], [outputs.urls[r] for r in rows],
                                  outputs.probs.index_select(0, index).cpu(),
                                  None if embeddings is None else embeddings.cpu())  # fmt: skip
-
-
-def write_json(path: Path, data: Any) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(temporary, path)
 
 
 class ActiveLoop:
@@ -166,12 +160,14 @@ class ActiveLoop:
         selected = strategy.select(embeddings)
         if not selected:
             raise UserError(f"the pool has no unlabeled samples left to select (round {number})")
-        temporary = path.with_name(f".{path.name}.tmp")
-        with open(temporary, "w", newline="") as stream:
-            writer = csv.writer(stream)
-            writer.writerow(["key", "shard", "score"])
-            writer.writerows([item.key, item.url, repr(item.score)] for item in selected)
-        os.replace(temporary, path)
+
+        def write(temporary: Path) -> None:
+            with open(temporary, "w", newline="") as stream:
+                writer = csv.writer(stream)
+                writer.writerow(["key", "shard", "score"])
+                writer.writerows([item.key, item.url, repr(item.score)] for item in selected)
+
+        replace_atomically(path, write)
         return selected
 
     def labeled_embeddings(self, cli: Any) -> torch.Tensor:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
 
+from project.active.atomic import replace_atomically
 from project.errors import UserError
 from project.shards.inspect import contact_sheet
 
@@ -25,21 +25,6 @@ CLASSES = "classes.txt"
 IMAGES = ("jpg", "jpeg", "png", "webp")
 PREVIEW = 200  # characters of text shown in the CSV's `text` column
 SHOWN_CLASSES = 10  # classes named in an "unknown class" problem
-
-
-def _temporary(path: Path) -> Path:
-    """A hidden sibling of `path`, keeping its suffix (PIL picks the format from it)."""
-    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-
-
-def _replace(path: Path, write) -> None:
-    """Write `path` through `write(temporary)` and a rename, so a reader never sees half a file."""
-    temporary = _temporary(path)
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 def _image_of(sample: dict) -> bytes | None:
@@ -79,13 +64,15 @@ def write_request(folder: Path, samples: list[dict], classes: list[str]) -> list
             for sample in samples:
                 writer.writerow([sample["__key__"], "", _preview(sample)] if with_text else [sample["__key__"], ""])
 
-    _replace(request, write_csv)
-    _replace(names, lambda temporary: temporary.write_text("".join(f"{c}\n" for c in classes), encoding="utf-8"))
+    replace_atomically(request, write_csv)
+    replace_atomically(
+        names, lambda temporary: temporary.write_text("".join(f"{c}\n" for c in classes), encoding="utf-8")
+    )
     if not with_images:
         sheet.unlink(missing_ok=True)  # an earlier round's sheet would show other keys
         return [request, names]
     tiles = [(_tile(_image_of(s)), f"{row}: {s['__key__']}") for row, s in enumerate(samples, start=1)]
-    _replace(sheet, lambda temporary: contact_sheet(tiles, temporary))
+    replace_atomically(sheet, lambda temporary: contact_sheet(tiles, temporary))
     return [request, names, sheet]
 
 
