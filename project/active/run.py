@@ -30,10 +30,12 @@ continues at the first step without a result. Train overrides (`--trainer.max_st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from project.active import labeled as labeled_set
@@ -135,16 +137,31 @@ def seed_set(folder: Path, seed: int, size: int, settings: Settings, run: Path, 
     return True
 
 
-def quiet() -> None:
-    """Lightning's banners once, not once per round, and no hint that a small labeled set has few batches."""
-    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No Lightning banners once per round, and no hint that a small labeled set has few batches; both put
+    back afterwards (main may run inside another program, such as the tests)."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
 
 
 def main(args: list[str] | None = None) -> list[dict]:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
-    quiet()
+    with quiet():
+        return loops(options, overrides)
+
+
+def loops(options: argparse.Namespace, overrides: list[str]) -> list[dict]:
+    """Every (strategy, seed) loop, then the report."""
     strategies = parse_strategies(options.strategy)
     settings, run, label_members, initial = settings_from(options, overrides)
     single = len(strategies) == 1 and options.seeds == 1
