@@ -1,11 +1,15 @@
 """Summarize shards and draw a contact sheet of their samples.
 
     python -m project.data.inspect DIR [--sheet FILE.png] [--samples N]
+    python -m project.data.inspect DIR --leakage [--fail-on-leakage] [--near-distance BITS] [--near-jaccard J]
 
 DIR is a dataset root (with train/, val/, test/) or one split's folder, index, glob or pattern. Prints
 shards, samples, bytes, per-class counts and the image sizes and modes seen, per split, and writes a PNG
 grid of the first samples with their labels. For text shards (.txt and .cls) it prints the text lengths
 and the first texts with their labels instead.
+
+--leakage checks instead how many val and test samples duplicate train samples, exact and near copies
+(project/shards/leakage.py); with --fail-on-leakage it exits with code 1 when any do.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import os
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +28,8 @@ from rich.table import Table
 
 from project.data.samples import read_samples
 from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
+from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
+from project.shards.duplicates import check_dedup
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, index_classes
 
 TILE = 96
@@ -87,8 +95,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("data", help="dataset root (train/, val/, test/) or one split's shards")
     parser.add_argument("--sheet", default=None, help="contact sheet PNG (default: DIR/contact_sheet.png)")
     parser.add_argument("--samples", type=int, default=64, help="samples on the contact sheet (64)")
+    parser.add_argument("--leakage", action="store_true", help="count val/test samples that duplicate train ones")
+    parser.add_argument("--fail-on-leakage", action="store_true", help="with --leakage: exit 1 if any sample leaks")
+    parser.add_argument("--near-distance", type=int, default=DEFAULT_NEAR_DISTANCE,
+                        help=f"images: most differing pHash bits of a near copy ({DEFAULT_NEAR_DISTANCE})")  # fmt: skip
+    parser.add_argument("--near-jaccard", type=float, default=DEFAULT_NEAR_JACCARD,
+                        help=f"text: least Jaccard similarity of a near copy ({DEFAULT_NEAR_JACCARD})")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="processes (--leakage)")
     args = parser.parse_args(argv)
     console = Console()
+    if args.leakage or args.fail_on_leakage:
+        leakage(args, console)
+        return
     first_tiles: list = []
     for split, index in splits_of(args.data).items():
         summary, tiles = summarize(index, args.samples if not first_tiles else 0)
@@ -113,3 +131,18 @@ def main(argv: list[str] | None = None) -> None:
         sheet = Path(args.sheet) if args.sheet else folder / "contact_sheet.png"
         contact_sheet(first_tiles, sheet)
         console.print(f"contact sheet: {sheet}")
+
+
+def leakage(args: argparse.Namespace, console: Console) -> None:
+    from project.shards.leakage import check
+
+    check_dedup("near", args.near_distance, args.near_jaccard)
+    found = check(splits_of(args.data), args.near_distance, args.near_jaccard, max(1, args.workers))
+    for leaks in found:
+        console.print(leaks.line(), markup=False, highlight=False)
+        for example in leaks.examples:
+            console.print(example, markup=False, highlight=False, soft_wrap=True)
+    total = sum(leaks.total for leaks in found)
+    if total and args.fail_on_leakage:
+        print(f"leakage: {total} val/test samples duplicate train samples", file=sys.stderr)
+        raise SystemExit(1)

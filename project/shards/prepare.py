@@ -3,6 +3,7 @@
     python -m project.data.prepare SOURCE --out DIR [--val-fraction F] [--test-fraction F]
         [--samples-per-shard N] [--shard-size BYTES] [--workers N] [--seed S] [--part I/N]
         [--resize S] [--format jpg|png|webp] [--download] [--text] [--text-column C] [--label-column C]
+        [--dedup exact|near|off] [--near-distance BITS] [--near-jaccard J]
 
 SOURCE: an ImageFolder tree (SOURCE/<class>/<image>), a CSV or JSONL listing (path, label), a torchvision
 dataset (torchvision:CIFAR10), or existing tar shards (a folder, index, glob or brace pattern).
@@ -20,6 +21,10 @@ encoded bytes are kept unless --resize or --format ask otherwise. Each shard is 
 temporary name and renamed when complete: an interrupted run, started again with the same arguments,
 keeps its finished shards and redoes the rest. `--part I/N` writes every N-th shard (from the I-th) and
 a part index, for cluster job arrays; `python -m project.data.index` then merges the parts' indexes.
+
+--dedup (exact by default; near also finds re-encoded, resized or cropped images and texts that differ in
+case, spacing or a few characters) keeps one copy of each duplicate, and no val or test sample with a copy in
+train; OUT/duplicates.csv and .png (.txt for text) show them. Rules: project/shards/duplicates.py.
 """
 
 from __future__ import annotations
@@ -31,19 +36,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from project.data.shards import INDEX_NAME, Shard, write_index
 from project.errors import UserError
+from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, MODES, require_near_text
+from project.shards.duplicates import check_dedup, deduplicate, hash_records, report
 from project.shards.parallel import imap_unordered
 from project.shards.sources import Record, encode, load, read_record
+from project.shards.split import SPLITS, plan_shards, split_records
 from project.shards.tarwriter import FastTarWriter
 from project.shards.text_sources import is_text, load_text, text_bytes
 
-SPLITS = ("train", "val", "test")
 MANIFEST = ".prepare.json"
-MEMBER_OVERHEAD = 1536  # tar headers and padding of one sample's two members, for --shard-size
+HASH_CACHE = ".dedup-hashes.npz"  # the samples' hashes, kept for a run started again and for other --parts
 
 
 @dataclass(frozen=True)
@@ -58,57 +64,20 @@ class ShardJob:
 
 
 class Prepared(dict):
-    """{split: [Shard, ...]}: the shards this part wrote, and the lines about the bad rows skipped (text)."""
+    """{split: [Shard, ...]}: the shards this part wrote, the lines about the bad rows skipped (text), and
+    the duplicates removed with the report's lines about them (empty with --dedup off, or on a --part > 0)."""
 
-    def __init__(self, shards: dict[str, list[Shard]], skipped: list[str] | None = None, text: bool = False):
+    def __init__(self, shards: dict[str, list[Shard]], skipped: list[str] | None = None, text: bool = False,
+                 duplicates: int = 0, dedup_lines: list[str] | None = None):  # fmt: skip
         super().__init__(shards)
         self.skipped = list(skipped or [])
         self.text = text
+        self.duplicates = duplicates
+        self.dedup_lines = list(dedup_lines or [])
 
     @property
     def bad_rows(self) -> int:
         return len(self.skipped)
-
-
-def split_records(records: list[Record], val: float, test: float, seed: int) -> dict[str, list[Record]]:
-    """Stratified, deterministic split: within each class, a seeded permutation of the sorted keys."""
-    splits: dict[str, list[Record]] = {split: [] for split in SPLITS}
-    fixed = [r for r in records if r.split is not None]
-    for record in fixed:
-        splits[record.split].append(record)
-    free = [r for r in records if r.split is None]
-    has_fixed_test = any(r.split == "test" for r in fixed)
-    by_class: dict[int, list[Record]] = {}
-    for record in free:
-        by_class.setdefault(record.label, []).append(record)
-    for label, members in sorted(by_class.items()):
-        members.sort(key=lambda r: r.key)
-        order = np.random.default_rng([seed, label]).permutation(len(members))
-        n_test = 0 if has_fixed_test else round(len(members) * test)
-        n_val = round(len(members) * val)
-        for rank, index in enumerate(order):
-            split = "test" if rank < n_test else "val" if rank < n_test + n_val else "train"
-            splits[split].append(members[index])
-    for number, split in enumerate(SPLITS):  # shards should mix classes: shuffle before sharding
-        ordered = sorted(splits[split], key=lambda r: r.key)
-        order = np.random.default_rng([seed, 1000 + number]).permutation(len(ordered))
-        splits[split] = [ordered[i] for i in order]
-    return splits
-
-
-def plan_shards(records: list[Record], samples_per_shard: int, shard_bytes: int | None) -> list[list[Record]]:
-    """Consecutive groups of at most `samples_per_shard` samples (and about `shard_bytes` bytes)."""
-    shards, current, size = [], [], 0
-    for record in records:
-        grow = record.size + MEMBER_OVERHEAD
-        if current and (len(current) >= samples_per_shard or (shard_bytes and size + grow > shard_bytes)):
-            shards.append(current)
-            current, size = [], 0
-        current.append(record)
-        size += grow
-    if current:
-        shards.append(current)
-    return shards
 
 
 def write_shard(job: ShardJob) -> Shard:
@@ -165,10 +134,14 @@ def prepare(
     text: bool = False,
     text_column: str = "text",
     label_column: str = "label",
+    dedup: str = "exact",
+    near_distance: int = DEFAULT_NEAR_DISTANCE,
+    near_jaccard: float = DEFAULT_NEAR_JACCARD,
 ) -> Prepared:
     """Write the shards of `source` into OUT/{train,val,test}; returns the shards this part wrote, by split
     (a dict), with `.bad_rows` (and `.skipped`, a line about each) for the rows of a text source skipped.
-    `text` forces a text source; otherwise `is_text` tells by the content."""
+    `text` forces a text source; otherwise `is_text` tells by the content. `dedup`: see the module's docstring."""
+    check_dedup(dedup, near_distance, near_jaccard)
     if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
         raise UserError("--val-fraction and --test-fraction must be in [0, 1) and add up to less than 1")
     index, count = part
@@ -179,6 +152,8 @@ def prepare(
     text = text or is_text(source, text_column)
     if text and (resize is not None or format is not None):
         raise UserError(f"--resize and --format re-encode images; {source} is text: drop them")
+    if text and dedup == "near":
+        require_near_text()  # before the source is listed
     if text:
         records, classes, skipped = load_text(source, text_column, label_column)
         if not quiet:
@@ -193,9 +168,20 @@ def prepare(
                 "resize": resize, "format": format, "parts": count}  # fmt: skip
     if text:  # only for text, so that an image run of an earlier version still resumes
         settings.update(text=True, text_column=text_column, label_column=label_column)
+    if dedup != "off":  # a run of an earlier version, without dedup, is a run with --dedup off
+        settings["dedup"] = dedup
+        if dedup == "near":
+            settings.update({"near_jaccard": near_jaccard} if text else {"near_distance": near_distance})
     _check_manifest(out, settings)
+    found = None
+    if dedup != "off":
+        with Progress(*_columns("hash"), disable=quiet) as progress:
+            hashes = hash_records(records, dedup, text, workers, progress, cache=out / HASH_CACHE)
+        found = deduplicate(records, hashes, dedup, near_distance, near_jaccard)
+        records = found.kept
+    splits = split_records(records, val_fraction, test_fraction, seed)
     jobs: list[ShardJob] = []
-    for split, members in split_records(records, val_fraction, test_fraction, seed).items():
+    for split, members in splits.items():
         (out / split).mkdir(parents=True, exist_ok=True)
         for number, group in enumerate(plan_shards(members, samples_per_shard, shard_size)):
             path = str(out / split / f"{split}-{number:06d}.tar")
@@ -207,20 +193,18 @@ def prepare(
     todo = [job for job in mine if not os.path.exists(job.path)]  # finished shards are kept
     written = {job.path: Shard(job.path, len(job.records), os.path.getsize(job.path)) for job in mine
                if os.path.exists(job.path)}  # fmt: skip
-    columns = (
-        TextColumn("prepare"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("samples"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, disable=quiet) as progress:
+    with Progress(*_columns("prepare"), disable=quiet) as progress:
         task = progress.add_task("prepare", total=sum(len(j.records) for j in mine))
         progress.advance(task, sum(s.nsamples for s in written.values()))
         for shard in imap_unordered(write_shard, todo, workers):
             written[shard.url] = shard
             progress.advance(task, shard.nsamples)
-    result = Prepared({split: [written[j.path] for j in mine if j.split == split] for split in SPLITS}, skipped, text)
+    lines = []
+    if found is not None and index == 0:
+        split_of = {record.key: split for split, members in splits.items() for record in members}
+        lines = report(found, split_of, classes, out, text)
+    result = Prepared({split: [written[j.path] for j in mine if j.split == split] for split in SPLITS}, skipped, text,
+                      found.removed if found is not None else 0, lines)  # fmt: skip
     name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
     for split in SPLITS:
         if result[split] or count == 1:
@@ -228,11 +212,18 @@ def prepare(
     return result
 
 
+def _columns(name: str) -> tuple:
+    return TextColumn(name), BarColumn(), MofNCompleteColumn(), TextColumn("samples"), TimeRemainingColumn()
+
+
 def summary(out: str | Path, result: Prepared) -> str:
-    """The last line of a run: `wrote DIR: train 800, val 100, test 100 samples[; 3 bad rows skipped]`."""
+    """The last line of a run: `wrote DIR: train 800, val 100, test 100 samples[; 3 bad rows skipped]
+    [; 12 duplicates removed]`."""
     counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.items())
     bad = f"; {result.bad_rows} bad row{'' if result.bad_rows == 1 else 's'} skipped" if result.text else ""
-    return f"wrote {out}: {counts} samples{bad}"
+    plural = "" if result.duplicates == 1 else "s"
+    duplicates = f"; {result.duplicates} duplicate{plural} removed" if result.duplicates else ""
+    return f"wrote {out}: {counts} samples{bad}{duplicates}"
 
 
 def _part(text: str) -> tuple[int, int]:
@@ -263,9 +254,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text", action="store_true", help="the source holds texts (default: tell by its content)")
     parser.add_argument("--text-column", default="text", help="a text listing's column of texts (text)")
     parser.add_argument("--label-column", default="label", help="a text listing's column of labels (label)")
+    parser.add_argument(
+        "--dedup",
+        choices=MODES,
+        default="exact",
+        help="remove exact copies (exact), also near copies (near), or none (off); default exact",
+    )
+    parser.add_argument(
+        "--near-distance",
+        type=int,
+        default=DEFAULT_NEAR_DISTANCE,
+        help=f"images: most differing bits of 64 for a near copy ({DEFAULT_NEAR_DISTANCE})",
+    )
+    parser.add_argument(
+        "--near-jaccard",
+        type=float,
+        default=DEFAULT_NEAR_JACCARD,
+        help=f"text: least Jaccard similarity for a near copy ({DEFAULT_NEAR_JACCARD})",
+    )
     args = parser.parse_args(argv)
     result = prepare(args.source, args.out, args.val_fraction, args.test_fraction, args.samples_per_shard,
                      args.shard_size, args.workers, args.seed, args.part, args.resize, args.format,
                      args.download, torchvision_root=args.torchvision_root, text=args.text,
-                     text_column=args.text_column, label_column=args.label_column)  # fmt: skip
+                     text_column=args.text_column, label_column=args.label_column, dedup=args.dedup,
+                     near_distance=args.near_distance, near_jaccard=args.near_jaccard)  # fmt: skip
+    for line in result.dedup_lines:
+        print(line)
     print(summary(args.out, result))

@@ -1,0 +1,138 @@
+"""Train/test leakage in finished shards: how many val and test samples duplicate a train sample.
+
+    python -m project.data.inspect DIR --leakage [--fail-on-leakage] [--near-distance BITS] [--near-jaccard J]
+
+For shards made by any tool, as long as each split has a shard index (DIR/train, DIR/val and/or DIR/test).
+Every sample is hashed as `prepare --dedup near` hashes it (project/shards/dedup.py), in worker processes, a
+shard per job; a val or test sample leaks when a train sample is its exact copy (the same bytes) or its near
+copy. With --fail-on-leakage the command exits with code 1 when any sample leaks, for CI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from project.data.samples import read_samples
+from project.data.shards import ShardIndex
+from project.errors import UserError
+from project.shards.dedup import Hasher, Hashes, require_near_text
+from project.shards.matching import first_of_equal, match, minhash_pairs, phash_pairs
+from project.shards.parallel import imap_unordered
+from project.tasks.image.decode import IMAGE_EXTENSIONS
+
+EXAMPLES = 5  # leaked samples named per split
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    url: str
+    near: bool
+
+
+@dataclass
+class Hashed:
+    """One split's samples: keys, whether they are text, and their hashes."""
+
+    keys: list[str]
+    text: bool
+    hashes: Hashes
+
+
+def hash_shard(job: ShardJob) -> tuple[str, list[str], bool, Hashes]:
+    """The keys and hashes of one shard's samples (image members, or else .txt)."""
+    keys, hasher, text = [], None, False
+    for sample in read_samples(job.url):
+        extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+        if extension is None and "txt" not in sample:
+            continue
+        if hasher is None:
+            text = extension is None
+            if text and job.near:
+                require_near_text()
+            hasher = Hasher("near" if job.near else "exact", text)
+        keys.append(sample["__key__"])
+        hasher.add(sample["txt"] if extension is None else sample[extension])
+    return job.url, keys, text, (hasher or Hasher("near" if job.near else "exact", False)).result()
+
+
+def hash_splits(splits: dict[str, ShardIndex], near: bool, workers: int, quiet: bool = False) -> dict[str, Hashed]:
+    jobs = [ShardJob(shard.url, near) for index in splits.values() for shard in index.shards]
+    done: dict[str, tuple[list[str], bool, Hashes]] = {}
+    columns = (TextColumn("hash"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"))
+    with Progress(*columns, disable=quiet, transient=True) as progress:
+        task = progress.add_task("hash", total=len(jobs))
+        for url, keys, text, hashes in imap_unordered(hash_shard, jobs, workers):
+            done[url] = (keys, text, hashes)
+            progress.advance(task)
+    result = {}
+    for split, index in splits.items():
+        parts = [done[shard.url] for shard in index.shards if done[shard.url][0]]
+        text = any(part[1] for part in parts)
+        if parts and len({part[1] for part in parts}) > 1:
+            raise UserError(f"{split} mixes image and text samples: the leakage check compares one kind")
+        hashes = Hashes.concat([part[2] for part in parts]) if parts else Hasher("exact", False).result()
+        result[split] = Hashed([key for part in parts for key in part[0]], text, hashes)
+    return result
+
+
+@dataclass
+class Leaks:
+    """The samples of one split that duplicate a train sample: exact copies, and near copies (not exact)."""
+
+    split: str
+    samples: int
+    exact: list[int] = field(default_factory=list)
+    near: list[int] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.exact) + len(self.near)
+
+    def line(self) -> str:
+        return (f"{self.split}: {self.total} of {self.samples} samples duplicate train samples "
+                f"({len(self.exact)} exact, {len(self.near)} near)")  # fmt: skip
+
+
+def leaks(train: Hashed, other: Hashed, split: str, near_distance: int, near_jaccard: float) -> Leaks:
+    """Which samples of `other` have a copy in `train`."""
+    if train.hashes.digest.size and other.hashes.digest.size and train.text != other.text:
+        raise UserError(f"train holds {'text' if train.text else 'images'} and {split} does not: nothing to compare")
+    n = len(train.hashes)
+    both = Hashes.concat([train.hashes, other.hashes])
+    first = first_of_equal(both.digest)
+    partner = {i - n: int(first[i]) for i in range(n, len(both)) if first[i] < n}  # other's index -> train's
+    exact = sorted(partner)
+    near: dict[int, int] = {}
+    if both.phash is not None or both.minhash is not None:
+        distinct = np.flatnonzero(first == np.arange(len(both)))
+        if both.phash is not None:
+            distinct = distinct[both.phash_ok[distinct]]
+            pairs = phash_pairs(both.phash[distinct], near_distance, both.thumb, distinct)
+        else:
+            pairs = minhash_pairs(both.minhash[distinct], near_jaccard)
+        for a, b in pairs:
+            a, b = distinct[a], distinct[b]  # a < b: a train sample and another's, or two of one set
+            for t, o in zip(a[(a < n) & (b >= n)].tolist(), b[(a < n) & (b >= n)].tolist(), strict=True):
+                near.setdefault(o - n, t)
+        for i in range(n, len(both)):  # exact copies of a near copy leak too
+            if first[i] >= n and first[i] - n in near and i - n not in partner:
+                near.setdefault(i - n, near[first[i] - n])
+    found = Leaks(split, len(other.hashes), exact, sorted(set(near) - set(partner)))
+    shown = sorted({**{i: partner[i] for i in exact}, **{i: near[i] for i in found.near}}.items())[:EXAMPLES]
+    for i, t in shown:
+        found.examples.append(f"  {split}/{other.keys[i]} = train/{train.keys[t]} ({match(both, t, n + i)})")
+    return found
+
+
+def check(splits: dict[str, ShardIndex], near_distance: int, near_jaccard: float, workers: int,
+          quiet: bool = False) -> list[Leaks]:  # fmt: skip
+    """The leaks of every split but train into train."""
+    if "train" not in splits or len(splits) < 2:
+        raise UserError("--leakage needs DIR/train and DIR/val or DIR/test, each with a shardindex.json")
+    hashed = hash_splits(splits, near=True, workers=workers, quiet=quiet)
+    return [leaks(hashed["train"], hashed[split], split, near_distance, near_jaccard)
+            for split in splits if split != "train"]  # fmt: skip

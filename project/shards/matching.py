@@ -1,0 +1,179 @@
+"""Which samples match: groups of exact and near copies from their hashes (project/shards/dedup.py).
+
+Never all pairs: near images through a multi-index over 4 blocks of 16 bits of the pHash (two hashes within
+d bits agree within d // 4 bits on at least one block, so each block is looked up with every mask of at most
+d // 4 bits), near texts through LSH banding of the MinHash signatures. Candidates are checked on the whole
+hash, PAIR_CHUNK at a time, which bounds the memory of the search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import combinations
+
+import numpy as np
+
+from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, NUM_PERM, THUMB_DIFFERENCE, Hashes
+
+BLOCKS = 4  # multi-index: 64 bits in 4 blocks of 16
+PAIR_CHUNK = 1 << 16  # candidate pairs checked at a time
+
+
+class Forest:
+    """Union-find over n samples; `labels()` gives each sample its group's smallest member."""
+
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        parent = self.parent
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+    def union_arrays(self, a: np.ndarray, b: np.ndarray) -> None:
+        for x, y in zip(a.tolist(), b.tolist(), strict=True):
+            self.union(x, y)
+
+    def labels(self) -> np.ndarray:
+        return np.fromiter((self.find(i) for i in range(len(self.parent))), dtype=np.int64, count=len(self.parent))
+
+
+def first_of_equal(values: np.ndarray) -> np.ndarray:
+    """For each row, the index of the first row equal to it (rows of a 2-D array, or values of a 1-D one)."""
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = values if values.ndim == 1 else np.ascontiguousarray(values).view(f"V{values.shape[1] * values.itemsize}")
+    _, first, inverse = np.unique(keys.ravel(), return_index=True, return_inverse=True)
+    return first[inverse.ravel()]
+
+
+def popcount(values: np.ndarray) -> np.ndarray:
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(values)
+    return np.unpackbits(values.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
+
+
+def _expand(counts: np.ndarray, lo: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(query, position) for each query i and each position in lo[i]:lo[i]+counts[i], in bounded chunks."""
+    queries = np.flatnonzero(counts)
+    if len(queries) == 0:
+        return
+    cumulative = np.cumsum(counts[queries])
+    start = 0
+    while start < len(queries):
+        base = cumulative[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(cumulative, base + PAIR_CHUNK, side="right")))
+        chunk = queries[start:stop]
+        repeats = counts[chunk]
+        query = np.repeat(chunk, repeats)
+        offsets = np.arange(len(query)) - np.repeat(np.cumsum(repeats) - repeats, repeats)
+        yield query, lo[query] + offsets
+        start = stop
+
+
+def _masks(bits: int, weight: int) -> np.ndarray:
+    """All `bits`-bit masks with at most `weight` bits set."""
+    masks = [0]
+    for w in range(1, weight + 1):
+        masks += [sum(1 << i for i in chosen) for chosen in combinations(range(bits), w)]
+    return np.asarray(masks, dtype=np.uint64)
+
+
+def thumb_difference(thumbs: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The mean absolute difference between the thumbnails of each pair (a[k], b[k])."""
+    return np.abs(thumbs[a].astype(np.int16) - thumbs[b]).mean(axis=(1, 2, 3))
+
+
+def phash_pairs(values: np.ndarray, max_distance: int, thumbs: np.ndarray | None = None,
+                rows: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+    """Index pairs (i < j) of 64-bit `values` within `max_distance` differing bits, in chunks (a pair may come
+    more than once); with `thumbs`, only those whose thumbnails (value i's at thumbs[rows[i]]) differ by at
+    most THUMB_DIFFERENCE."""
+    width = 64 // BLOCKS
+    masks = _masks(width, max_distance // BLOCKS)
+    for block in range(BLOCKS):
+        keys = (values >> np.uint64(block * width)) & np.uint64((1 << width) - 1)
+        order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
+        for mask in masks:
+            wanted = keys ^ mask
+            lo = np.searchsorted(ordered, wanted, side="left")
+            counts = np.searchsorted(ordered, wanted, side="right") - lo
+            for query, position in _expand(counts, lo):
+                other = order[position]
+                close = (query < other) & (popcount(values[query] ^ values[other]) <= max_distance)
+                query, other = query[close], other[close]
+                if thumbs is not None:
+                    pair = (query, other) if rows is None else (rows[query], rows[other])
+                    alike = thumb_difference(thumbs, *pair) <= THUMB_DIFFERENCE
+                    query, other = query[alike], other[alike]
+                yield query, other
+
+
+def lsh_bands(threshold: float) -> tuple[int, int]:
+    """(bands, rows): the most rows per band (fewest candidates) that still make a pair at the threshold a
+    candidate with probability 0.99 or more."""
+    best = (NUM_PERM, 1)
+    for rows in range(1, NUM_PERM + 1):
+        bands = NUM_PERM // rows
+        if 1 - (1 - threshold**rows) ** bands >= 0.99:
+            best = (bands, rows)
+    return best
+
+
+def minhash_pairs(signatures: np.ndarray, threshold: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Index pairs (i < j) of signatures with an estimated Jaccard similarity of at least `threshold`: the
+    candidates share a band; each is checked on the whole signature."""
+    bands, rows = lsh_bands(threshold)
+    for band in range(bands):
+        part = np.ascontiguousarray(signatures[:, band * rows : (band + 1) * rows])
+        keys = part.view(f"V{rows * 4}").ravel()
+        order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        sizes = np.diff(np.r_[starts, len(ordered)])
+        # each member of a bucket against the bucket's first: enough to join the bucket's matches into one group
+        counts = np.zeros(len(ordered), dtype=np.int64)
+        counts[starts[sizes > 1]] = sizes[sizes > 1] - 1
+        for query, position in _expand(counts, np.arange(len(ordered)) + 1):
+            a, b = order[query], order[position]
+            similar = (signatures[a] == signatures[b]).mean(axis=1) >= threshold
+            yield np.minimum(a, b)[similar], np.maximum(a, b)[similar]
+
+
+def groups(hashes: Hashes, near_distance: int = DEFAULT_NEAR_DISTANCE,
+           near_jaccard: float = DEFAULT_NEAR_JACCARD) -> np.ndarray:  # fmt: skip
+    """Each sample's group: the index of the group's first sample. Exact copies always join; with near
+    hashes, so do near copies (and their near copies: a group is a connected component)."""
+    n = len(hashes)
+    forest = Forest(n)
+    first = first_of_equal(hashes.digest)
+    forest.parent = first.tolist()  # each exact copy points at the first; only the first is searched
+    distinct = np.flatnonzero(first == np.arange(n))
+    if hashes.phash is not None:
+        distinct = distinct[hashes.phash_ok[distinct]]
+        for a, b in phash_pairs(hashes.phash[distinct], near_distance, hashes.thumb, distinct):
+            forest.union_arrays(distinct[a], distinct[b])
+    if hashes.minhash is not None:
+        for a, b in minhash_pairs(hashes.minhash[distinct], near_jaccard):
+            forest.union_arrays(distinct[a], distinct[b])
+    return forest.labels()
+
+
+def match(hashes: Hashes, a: int, b: int) -> str:
+    """How sample b matches sample a, for the report: "exact", "N bits" (pHash) or "jaccard J"."""
+    if (hashes.digest[a] == hashes.digest[b]).all():
+        return "exact"
+    if hashes.phash is not None:
+        bits = int(popcount(hashes.phash[[a]] ^ hashes.phash[[b]])[0])
+        return f"{bits} bits, {float(thumb_difference(hashes.thumb, np.array([a]), np.array([b]))[0]):.1f}"
+    if hashes.minhash is not None:
+        return f"jaccard {(hashes.minhash[a] == hashes.minhash[b]).mean():.2f}"
+    return "near"
