@@ -1,10 +1,12 @@
-"""How fast `prepare` turns an image folder into shards, against itself and against `tar -cf`.
+"""How fast `prepare` turns an image folder into shards, against itself and against `tar -cf`, and what
+finding duplicates adds.
 
     python benchmarks/prepare_throughput.py [--images N] [--repeats R] [--json]
 
-Measured side by side in one run, on the same files (JPEGs of about 20 kB in 10 class folders, no
-re-encoding): prepare with --workers 1, prepare with --workers 2, and a plain `tar -cf` of the same
-tree, the I/O bound. Medians of R repeats; the ratios are what to compare across machines.
+Measured side by side in one run, on the same files (distinct JPEGs of about 18 kB in 10 class folders, no
+re-encoding): prepare with --workers 1 and 2 without dedup, prepare --workers 2 with --dedup exact and with
+--dedup near, and a plain `tar -cf` of the same tree, the I/O bound. Medians of R repeats, the runs of a
+repeat interleaved; the ratios are what to compare across machines.
 """
 
 from __future__ import annotations
@@ -21,16 +23,20 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from project.data.workers import warm_forkserver
 from project.shards.prepare import prepare
 
 
 def make_images(root: Path, count: int) -> None:
+    """Distinct images (each its own smooth colour field plus noise), so that --dedup near has the work of
+    a real collection: a noisy copy of one picture, as before, is one big group of near duplicates."""
     rng = np.random.default_rng(0)
-    base = rng.integers(0, 255, (160, 160, 3), dtype=np.uint8)
     for i in range(count):
         folder = root / f"class{i % 10}"
         folder.mkdir(parents=True, exist_ok=True)
-        noisy = np.clip(base.astype(np.int16) + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
+        field = Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))
+        base = np.asarray(field.resize((160, 160), Image.Resampling.BICUBIC)).astype(np.int16)
+        noisy = np.clip(base + rng.integers(-70, 70, base.shape), 0, 255).astype(np.uint8)
         Image.fromarray(noisy).save(folder / f"{i:06d}.jpg", quality=85)
 
 
@@ -50,13 +56,19 @@ def main() -> None:
         scratch = Path(scratch)
         make_images(scratch / "images", args.images)
         total_bytes = sum(p.stat().st_size for p in (scratch / "images").rglob("*.jpg"))
-        times: dict[str, list[float]] = {"prepare --workers 1": [], "prepare --workers 2": [], "tar -cf": []}
+        runs = {
+            "prepare --workers 1": (1, "off"),
+            "prepare --workers 2": (2, "off"),
+            "prepare --workers 2 --dedup exact": (2, "exact"),
+            "prepare --workers 2 --dedup near": (2, "near"),
+        }
+        warm_forkserver(["project.shards.prepare"])  # as `python -m project.data.prepare` has it, untimed
+        times: dict[str, list[float]] = {name: [] for name in [*runs, "tar -cf"]}
         for repeat in range(args.repeats):
-            for workers in (1, 2):
-                out = scratch / f"out{workers}-{repeat}"
-                times[f"prepare --workers {workers}"].append(
-                    timed(lambda: prepare(str(scratch / "images"), out, workers=workers, quiet=True))  # noqa: B023
-                )
+            for name, (workers, dedup) in runs.items():
+                out = scratch / f"out-{repeat}"
+                times[name].append(timed(lambda: prepare(str(scratch / "images"), out, workers=workers,  # noqa: B023
+                                                         quiet=True, dedup=dedup)))  # noqa: B023  # fmt: skip
                 shutil.rmtree(out)
             archive = scratch / f"plain-{repeat}.tar"
             times["tar -cf"].append(timed(lambda: subprocess.run(["tar", "-cf", str(archive), "images"],  # noqa: B023
@@ -71,14 +83,18 @@ def main() -> None:
         "workers_2_over_1": round(rates["prepare --workers 2"] / rates["prepare --workers 1"], 2),
         "workers_2_over_tar": round(rates["prepare --workers 2"] / rates["tar -cf"], 2),
         "workers_1_over_tar": round(rates["prepare --workers 1"] / rates["tar -cf"], 2),
+        "dedup_exact_adds": round(medians["prepare --workers 2 --dedup exact"] / medians["prepare --workers 2"] - 1, 2),
+        "dedup_near_adds": round(medians["prepare --workers 2 --dedup near"] / medians["prepare --workers 2"] - 1, 2),
     }
     if args.json:
         print(json.dumps(result))
         return
     print(f"{args.images} JPEGs, {result['megabytes']} MB, median of {args.repeats}:")
     for name, rate in rates.items():
-        print(f"  {name:22s} {rate:8.0f} samples/s  ({medians[name]:.2f} s)")
+        print(f"  {name:34s} {rate:8.0f} samples/s  ({medians[name]:.2f} s)")
     print(f"  workers 2 / workers 1: {result['workers_2_over_1']}x;  workers 2 / tar: {result['workers_2_over_tar']}x")
+    print(f"  wall time added by --dedup exact: {result['dedup_exact_adds']:+.0%}; by --dedup near: "
+          f"{result['dedup_near_adds']:+.0%}")  # fmt: skip
 
 
 if __name__ == "__main__":

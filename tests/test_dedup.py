@@ -28,6 +28,7 @@ from project.shards.dedup import (
 )
 from project.shards.duplicates import deduplicate, hash_records
 from project.shards.matching import groups, minhash_pairs, phash_pairs, popcount
+from project.shards.parallel import Pool
 from project.shards.prepare import prepare
 from project.shards.sources import Record, sanitize_key
 
@@ -235,7 +236,8 @@ def test_a_run_started_again_reuses_the_hashes(planted, tmp_path, monkeypatch):
     again = prepare(str(root), tmp_path / "out", workers=1, quiet=True, dedup="near")
     assert again.duplicates == first.duplicates
     with pytest.raises(AssertionError, match="hashed again"):  # other records: the cache does not apply
-        hash_records([Record("z", 0, "inline", (b"z",))], "near", True, 1, cache=tmp_path / "out" / ".dedup-hashes.npz")
+        records = [Record("z", 0, "inline", (b"z",))]
+        hash_records(records, "near", True, Pool(1), cache=tmp_path / "out" / ".dedup-hashes.npz")
 
 
 def test_parts_make_the_same_choices(planted, tmp_path):

@@ -1,6 +1,7 @@
 """Exact and near duplicates: the hashes of each sample, and the groups of samples that match.
 
-- exact: the same bytes of the image member or of the text (a 128-bit BLAKE2b digest).
+- exact: the same bytes of the image member or of the text (SHA-256, 128 bits kept; with the CPU's SHA
+  instructions it runs at twice BLAKE2b's speed here).
 - near, images: a 64-bit perceptual hash (pHash: the DCT of a 32x32 grey image, its 8x8 lowest frequencies
   against their median), the same bits as imagehash.phash. Our own few lines, not imagehash's: imagehash
   resizes the full image and calls scipy per image (1.4 ms a 160 px JPEG, against 0.25 ms here, where a JPEG
@@ -97,7 +98,7 @@ class Hasher:
         self.minhashes: list[np.ndarray] = []
 
     def add(self, data: bytes) -> None:
-        self.digests.append(hashlib.blake2b(data, digest_size=16).digest())
+        self.digests.append(hashlib.sha256(data).digest()[:16])
         size = len(data)
         if self.mode == "near" and self.text:
             self.minhashes.append(text_minhash(data))
@@ -132,8 +133,9 @@ def _dct_rows() -> np.ndarray:
 def phash_bits(grey: np.ndarray) -> np.ndarray:
     """The 64 pHash bits of a HASH_SIDE x HASH_SIDE grey image, row-major as imagehash orders them."""
     rows = _dct_rows()
-    low = rows @ grey.astype(np.float64) @ rows.T
-    return (low > np.median(low)).ravel()
+    low = (rows @ grey.astype(np.float64) @ rows.T).ravel()
+    middle = LOW * LOW // 2
+    return low > np.partition(low, [middle - 1, middle])[middle - 1 : middle + 1].mean()  # np.median, faster
 
 
 def image_features(data: bytes) -> tuple[int | None, np.ndarray, int]:

@@ -27,7 +27,7 @@ import numpy as np
 from project.errors import UserError
 from project.shards.dedup import FIELDS, MODES, Hasher, Hashes
 from project.shards.matching import groups, match
-from project.shards.parallel import imap_unordered
+from project.shards.parallel import Pool
 from project.shards.sources import Record, read_record
 from project.shards.text_sources import text_bytes
 
@@ -63,9 +63,9 @@ def hash_job(job: HashJob) -> tuple[int, Hashes]:
     return job.start, hasher.result()
 
 
-def hash_records(records: list[Record], mode: str, text: bool, workers: int, progress=None,  # noqa: ANN001
+def hash_records(records: list[Record], mode: str, text: bool, pool: Pool, progress=None,  # noqa: ANN001
                  cache: Path | None = None) -> Hashes:  # fmt: skip
-    """The hashes of `records`, in their order, from `workers` processes. With `cache`, they are read from
+    """The hashes of `records`, in their order, from the `pool`'s processes. With `cache`, they are read from
     there when it holds the hashes of these records, and saved there when computed (atomically): a prepare
     run started again, or another --part, does not hash again."""
     fingerprint = hashlib.blake2b(("\0".join(r.key for r in records) + f"\0{mode}\0{text}").encode()).hexdigest()
@@ -76,7 +76,7 @@ def hash_records(records: list[Record], mode: str, text: bool, workers: int, pro
     jobs = [HashJob(i, tuple(records[i : i + CHUNK]), mode, text) for i in range(0, len(records), CHUNK)]
     parts: dict[int, Hashes] = {}
     task = progress.add_task("hash", total=len(records)) if progress is not None else None
-    for start, hashes in imap_unordered(hash_job, jobs, workers):
+    for start, hashes in pool.imap_unordered(hash_job, jobs):
         parts[start] = hashes
         if progress is not None:
             progress.advance(task, len(hashes))

@@ -99,13 +99,14 @@ def phash_pairs(values: np.ndarray, max_distance: int, thumbs: np.ndarray | None
     width = 64 // BLOCKS
     masks = _masks(width, max_distance // BLOCKS)
     for block in range(BLOCKS):
-        keys = (values >> np.uint64(block * width)) & np.uint64((1 << width) - 1)
+        keys = ((values >> np.uint64(block * width)) & np.uint64((1 << width) - 1)).astype(np.int64)
         order = np.argsort(keys, kind="stable")
-        ordered = keys[order]
-        for mask in masks:
+        starts = np.zeros((1 << width) + 1, dtype=np.int64)  # where each block value's run begins in `order`
+        np.cumsum(np.bincount(keys, minlength=1 << width), out=starts[1:])
+        for mask in masks.astype(np.int64):
             wanted = keys ^ mask
-            lo = np.searchsorted(ordered, wanted, side="left")
-            counts = np.searchsorted(ordered, wanted, side="right") - lo
+            lo = starts[wanted]
+            counts = starts[wanted + 1] - lo
             for query, position in _expand(counts, lo):
                 other = order[position]
                 close = (query < other) & (popcount(values[query] ^ values[other]) <= max_distance)

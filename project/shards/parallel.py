@@ -8,6 +8,7 @@ job at a time; a dead worker is an error naming its exit code, and stopping kill
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import pickle
@@ -35,62 +36,104 @@ class WorkerDied(RuntimeError):
     """A worker process ended without returning its job's result."""
 
 
+class Pool:
+    """`workers` processes kept from one `imap_unordered` call to the next (prepare hashes every sample, then
+    writes the shards, with the same processes), started when first needed and stopped by `close` (or the
+    `with` block's end). An error in a job, or a call's iterator closed early, kills them all."""
+
+    def __init__(self, workers: int, start_method: str | None = None):
+        self.workers, self.start_method = workers, start_method
+        self.processes: dict[multiprocessing.connection.Connection, multiprocessing.process.BaseProcess] = {}
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _start(self, function: Callable) -> multiprocessing.connection.Connection:
+        if self.start_method is None:  # the server preloads the function's module, if this starts it
+            context = worker_context("forkserver", [function.__module__])
+        else:
+            context = multiprocessing.get_context(self.start_method)
+        ours, theirs = context.Pipe()
+        process = context.Process(target=serve, args=(theirs,), daemon=True)
+        process.start()
+        theirs.close()
+        self.processes[ours] = process
+        return ours
+
+    def imap_unordered(self, function: Callable[[Job], Result], jobs: Iterable[Job]) -> Iterator[Result]:
+        """function(job) for each job, yielded as they finish. An error in a job is raised here, with the
+        worker's traceback chained."""
+        if self.workers <= 1:
+            yield from map(function, jobs)
+            return
+        waiting = iter(jobs)
+        idle = list(self.processes)
+        busy: dict[multiprocessing.connection.Connection, Job] = {}
+        finished = False
+        try:
+            while True:
+                while idle or len(self.processes) < self.workers:
+                    job = next(waiting, STOP)
+                    if job is STOP:
+                        break
+                    connection = idle.pop() if idle else self._start(function)
+                    connection.send((function, job))
+                    busy[connection] = job
+                if not busy:
+                    break
+                sentinels = {self.processes[connection].sentinel: connection for connection in busy}
+                for ready in multiprocessing.connection.wait([*busy, *sentinels]):
+                    connection = sentinels.get(ready, ready)
+                    if connection not in busy:
+                        continue  # its result and its exit were both ready; the result was taken
+                    job = busy.pop(connection)
+                    ok, value, text = receive(connection, self.processes[connection], job)
+                    if not ok:
+                        if text:
+                            raise value from RemoteTraceback(text)
+                        raise value
+                    idle.append(connection)
+                    yield value
+            finished = True
+        finally:
+            if not finished:
+                self.kill()  # an error or an early stop
+
+    def close(self) -> None:
+        """Stop the workers: each finishes and exits."""
+        for connection in self.processes:
+            with contextlib.suppress(OSError):  # it is gone already
+                connection.send(STOP)
+        for process in self.processes.values():
+            process.join()
+        self._forget()
+
+    def kill(self) -> None:
+        """Kill the workers (one still starting from the forkserver would ignore SIGTERM)."""
+        for process in self.processes.values():
+            if process.exitcode is None:
+                process.kill()
+            process.join()
+        self._forget()
+
+    def _forget(self) -> None:
+        for connection in self.processes:
+            connection.close()
+        self.processes = {}
+
+
 def imap_unordered(
     function: Callable[[Job], Result], jobs: Iterable[Job], workers: int, start_method: str | None = None
 ) -> Iterator[Result]:
-    """function(job) for each job, yielded as they finish, from `workers` processes.
-
-    The processes start from a forkserver by default, not as forks of this one, whose threads (a progress
-    bar's refresh thread, say) a fork would copy mid-step (see project/data/workers.py). An error in a job is
-    raised here, with the worker's traceback chained; closing the iterator early kills the workers.
-    """
-    if workers <= 1:
-        yield from map(function, jobs)
-        return
-    context = worker_context("forkserver") if start_method is None else multiprocessing.get_context(start_method)
-    waiting = iter(jobs)
-    processes: dict[multiprocessing.connection.Connection, multiprocessing.process.BaseProcess] = {}
-    busy: dict[multiprocessing.connection.Connection, Job] = {}
-    try:
-        for _ in range(workers):
-            job = next(waiting, STOP)
-            if job is STOP:
-                break
-            ours, theirs = context.Pipe()
-            process = context.Process(target=serve, args=(function, theirs), daemon=True)
-            process.start()
-            theirs.close()
-            processes[ours] = process
-            ours.send(job)
-            busy[ours] = job
-        while busy:
-            sentinels = {processes[connection].sentinel: connection for connection in busy}
-            for ready in multiprocessing.connection.wait([*busy, *sentinels]):
-                connection = sentinels.get(ready, ready)
-                if connection not in busy:
-                    continue  # its result and its exit were both ready; the result was taken
-                job = busy.pop(connection)
-                ok, value, text = receive(connection, processes[connection], job)
-                if not ok:
-                    if text:
-                        raise value from RemoteTraceback(text)
-                    raise value
-                yield value
-                job = next(waiting, STOP)
-                if job is not STOP:
-                    connection.send(job)
-                    busy[connection] = job
-        for connection in processes:
-            connection.send(STOP)
-        for process in processes.values():
-            process.join()
-    finally:
-        for process in processes.values():
-            if process.exitcode is None:
-                process.kill()  # an error or an early stop; a worker still starting would ignore SIGTERM
-            process.join()
-        for connection in processes:
-            connection.close()
+    """function(job) for each job, yielded as they finish, from `workers` processes of a `Pool` made for this
+    call alone. The processes start from a forkserver by default, not as forks of this one, whose threads (a
+    progress bar's refresh thread, say) a fork would copy mid-step (see project/data/workers.py); closing the
+    iterator early kills them."""
+    with Pool(workers, start_method) as pool:
+        yield from pool.imap_unordered(function, jobs)
 
 
 def receive(connection, process, job) -> tuple[bool, object, str]:
@@ -102,13 +145,16 @@ def receive(connection, process, job) -> tuple[bool, object, str]:
         code = process.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         hint = " (out of memory?)" if code == -signal.SIGKILL else ""
-        return False, WorkerDied(f"a worker process {how}{hint} on job {job!r}"), ""
+        shown = repr(job) if len(repr(job)) <= 200 else repr(job)[:200] + "..."
+        return False, WorkerDied(f"a worker process {how}{hint} on job {shown}"), ""
 
 
-def serve(function: Callable[[Job], Result], connection) -> None:
-    """A worker: run jobs from the pipe until told to stop, sending back (ok, result or error, traceback)."""
+def serve(connection) -> None:
+    """A worker: run (function, job) pairs from the pipe until told to stop, sending back (ok, result or
+    error, traceback)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the forkserver we come from ignores it
-    while (job := connection.recv()) is not STOP:
+    while (received := connection.recv()) is not STOP:
+        function, job = received
         try:
             connection.send((True, function(job), ""))
         except Exception as error:  # noqa: BLE001 - every job error is sent back, with its traceback

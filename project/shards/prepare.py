@@ -42,7 +42,7 @@ from project.data.shards import INDEX_NAME, Shard, write_index
 from project.errors import UserError
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, MODES, require_near_text
 from project.shards.duplicates import check_dedup, deduplicate, hash_records, report
-from project.shards.parallel import imap_unordered
+from project.shards.parallel import Pool
 from project.shards.sources import Record, encode, load, read_record
 from project.shards.split import SPLITS, plan_shards, split_records
 from project.shards.tarwriter import FastTarWriter
@@ -173,32 +173,33 @@ def prepare(
         if dedup == "near":
             settings.update({"near_jaccard": near_jaccard} if text else {"near_distance": near_distance})
     _check_manifest(out, settings)
-    found = None
-    if dedup != "off":
-        with Progress(*_columns("hash"), disable=quiet) as progress:
-            hashes = hash_records(records, dedup, text, workers, progress, cache=out / HASH_CACHE)
-        found = deduplicate(records, hashes, dedup, near_distance, near_jaccard)
-        records = found.kept
-    splits = split_records(records, val_fraction, test_fraction, seed)
-    jobs: list[ShardJob] = []
-    for split, members in splits.items():
-        (out / split).mkdir(parents=True, exist_ok=True)
-        for number, group in enumerate(plan_shards(members, samples_per_shard, shard_size)):
-            path = str(out / split / f"{split}-{number:06d}.tar")
-            jobs.append(ShardJob(split, number, tuple(group), path, resize, format, text))
-    mine = jobs[index::count]
-    for job in mine:  # half-written shards of an interrupted run of this part
-        for stale in Path(job.path).parent.glob(f"{Path(job.path).name}.*.tmp"):
-            stale.unlink()
-    todo = [job for job in mine if not os.path.exists(job.path)]  # finished shards are kept
-    written = {job.path: Shard(job.path, len(job.records), os.path.getsize(job.path)) for job in mine
-               if os.path.exists(job.path)}  # fmt: skip
-    with Progress(*_columns("prepare"), disable=quiet) as progress:
-        task = progress.add_task("prepare", total=sum(len(j.records) for j in mine))
-        progress.advance(task, sum(s.nsamples for s in written.values()))
-        for shard in imap_unordered(write_shard, todo, workers):
-            written[shard.url] = shard
-            progress.advance(task, shard.nsamples)
+    with Pool(workers) as pool:  # the same processes hash the samples, then write the shards
+        found = None
+        if dedup != "off":
+            with Progress(*_columns("hash"), disable=quiet) as progress:
+                hashes = hash_records(records, dedup, text, pool, progress, cache=out / HASH_CACHE)
+            found = deduplicate(records, hashes, dedup, near_distance, near_jaccard)
+            records = found.kept
+        splits = split_records(records, val_fraction, test_fraction, seed)
+        jobs: list[ShardJob] = []
+        for split, members in splits.items():
+            (out / split).mkdir(parents=True, exist_ok=True)
+            for number, group in enumerate(plan_shards(members, samples_per_shard, shard_size)):
+                path = str(out / split / f"{split}-{number:06d}.tar")
+                jobs.append(ShardJob(split, number, tuple(group), path, resize, format, text))
+        mine = jobs[index::count]
+        for job in mine:  # half-written shards of an interrupted run of this part
+            for stale in Path(job.path).parent.glob(f"{Path(job.path).name}.*.tmp"):
+                stale.unlink()
+        todo = [job for job in mine if not os.path.exists(job.path)]  # finished shards are kept
+        written = {job.path: Shard(job.path, len(job.records), os.path.getsize(job.path)) for job in mine
+                   if os.path.exists(job.path)}  # fmt: skip
+        with Progress(*_columns("prepare"), disable=quiet) as progress:
+            task = progress.add_task("prepare", total=sum(len(j.records) for j in mine))
+            progress.advance(task, sum(s.nsamples for s in written.values()))
+            for shard in pool.imap_unordered(write_shard, todo):
+                written[shard.url] = shard
+                progress.advance(task, shard.nsamples)
     lines = []
     if found is not None and index == 0:
         split_of = {record.key: split for split, members in splits.items() for record in members}
