@@ -124,8 +124,9 @@ def test_the_index_takes_the_stated_bytes_per_sample(mode, text):
 
 def test_the_search_needs_no_memory_beyond_its_chunk_and_a_few_bytes_a_sample():
     """groups() on 40,000 near-image hashes (in clusters, so that there are pairs to find): what it allocates
-    beyond the index grows by under 400 bytes per sample from 10,000 to 40,000 samples (306 measured: the
-    union-find's list, sort orders and lookups of one block at a time)."""
+    beyond the index grows by under 500 bytes per sample from 10,000 to 40,000 samples (444 measured: the
+    union-find's parents, one block's sort order, ranks and lookups, the digests' sort): linear, where all
+    pairs would take 80,000 bytes a sample at 40,000."""
 
     def peak(n: int) -> int:
         rng = np.random.default_rng(n)
@@ -142,7 +143,7 @@ def test_the_search_needs_no_memory_beyond_its_chunk_and_a_few_bytes_a_sample():
         return used
 
     small, large = peak(10_000), peak(40_000)
-    assert (large - small) / 30_000 < 400
+    assert (large - small) / 30_000 < 500
 
 
 def test_the_planted_set_is_found_at_the_target_precision_and_recall(tmp_path):
@@ -306,3 +307,46 @@ def _png(seed: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(np.random.default_rng(seed).integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+def test_leakage_of_texts_counts_exact_and_near_copies_once():
+    pytest.importorskip("datasketch")
+    from project.shards.leakage import Hashed, leaks
+
+    def hashed(texts: list[str]) -> Hashed:
+        hasher = Hasher("near", text=True)
+        for text in texts:
+            hasher.add(text.encode())
+        return Hashed([f"k{i}" for i in range(len(texts))], True, hasher.result())
+
+    train = hashed(["The staff were lovely and the food was great", "A quiet place with a view of the sea"])
+    test = hashed(["A quiet place with a view of the sea", "the STAFF were lovely  and the food was GREAT",
+                   "the STAFF were lovely  and the food was GREAT", "Nothing like any other text in here"])  # fmt: skip
+    found = leaks(train, test, "test", DEFAULT_NEAR_DISTANCE, 0.8)
+    assert (found.exact, found.near, found.total) == ([0], [1, 2], 3)
+    assert found.line() == "test: 3 of 4 samples duplicate train samples (1 exact, 2 near)"
+    assert "test/k0 = train/k1 (exact)" in found.examples[0]
+
+
+def test_a_collection_of_near_identical_images_stays_linear(monkeypatch):
+    """Hashes within 2 bits of one another (frames of one video): every block value is one huge run, which
+    compared in full would make the search quadratic. Capped, the pairs it checks grow linearly (4x the
+    hashes, under 6x the pairs; all pairs would be 16x), and the hashes still form one group."""
+    from project.shards import matching
+
+    checked = []
+
+    def counting(values: np.ndarray) -> np.ndarray:
+        checked[-1] += len(values)
+        return popcount(values)
+
+    monkeypatch.setattr(matching, "popcount", counting)
+    for n in (5_000, 20_000):
+        rng = np.random.default_rng(n)
+        flips = [np.uint64(1) << rng.integers(0, 64, n).astype(np.uint64) for _ in range(2)]
+        phash = np.uint64(0x0123456789ABCDEF) ^ flips[0] ^ flips[1]
+        thumbs = np.repeat(rng.integers(0, 255, (1, 8, 8, 3), dtype=np.uint8), n, axis=0)
+        digests = rng.integers(0, 2**63, (n, 2), dtype=np.uint64)
+        checked.append(0)
+        assert len(np.unique(groups(Hashes(digests, np.ones(n, np.int64), phash, np.ones(n, bool), thumbs)))) == 1
+    assert checked[1] < 6 * checked[0], checked

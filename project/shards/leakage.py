@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from project.data.samples import read_samples
@@ -62,7 +63,7 @@ def hash_splits(splits: dict[str, ShardIndex], near: bool, workers: int, quiet: 
     jobs = [ShardJob(shard.url, near) for index in splits.values() for shard in index.shards]
     done: dict[str, tuple[list[str], bool, Hashes]] = {}
     columns = (TextColumn("hash"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"))
-    with Progress(*columns, disable=quiet, transient=True) as progress:
+    with Progress(*columns, disable=quiet, transient=True, console=Console(stderr=True)) as progress:
         task = progress.add_task("hash", total=len(jobs))
         for url, keys, text, hashes in imap_unordered(hash_shard, jobs, workers):
             done[url] = (keys, text, hashes)

@@ -8,7 +8,7 @@ hash, PAIR_CHUNK at a time, which bounds the memory of the search.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import combinations
 
 import numpy as np
@@ -17,32 +17,40 @@ from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, NU
 
 BLOCKS = 4  # multi-index: 64 bits in 4 blocks of 16
 PAIR_CHUNK = 1 << 16  # candidate pairs checked at a time
+BUCKET_CAP = 256  # a block value shared by more hashes is a huge run (see phash_pairs)
+HUGE_RUN_SAMPLE = 4
 
 
 class Forest:
-    """Union-find over n samples; `labels()` gives each sample its group's smallest member."""
+    """Union-find over n samples, in numpy: every parent is at most its child, so a root is its group's
+    smallest member, and unions go a batch of pairs at a time (hooking roots, then compressing paths)."""
 
-    def __init__(self, n: int):
-        self.parent = list(range(n))
+    def __init__(self, parent: np.ndarray):
+        self.parent = np.asarray(parent, dtype=np.int64)  # parent[i] <= i
 
-    def find(self, x: int) -> int:
-        parent = self.parent
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+    def roots(self) -> np.ndarray:
+        """Each sample's root (and the paths compressed to it)."""
+        while True:
+            grand = self.parent[self.parent]
+            if np.array_equal(grand, self.parent):
+                return self.parent
+            self.parent = grand
 
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
+    def joined(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Whether each pair (a[k], b[k]) is in one group already."""
+        roots = self.roots()
+        return roots[a] == roots[b]
 
     def union_arrays(self, a: np.ndarray, b: np.ndarray) -> None:
-        for x, y in zip(a.tolist(), b.tolist(), strict=True):
-            self.union(x, y)
+        while len(a):
+            roots = self.roots()
+            ra, rb = roots[a], roots[b]
+            apart = ra != rb
+            a, b, ra, rb = a[apart], b[apart], ra[apart], rb[apart]
+            np.minimum.at(self.parent, np.maximum(ra, rb), np.minimum(ra, rb))  # a root may take one of several
 
     def labels(self) -> np.ndarray:
-        return np.fromiter((self.find(i) for i in range(len(self.parent))), dtype=np.int64, count=len(self.parent))
+        return self.roots().copy()
 
 
 def first_of_equal(values: np.ndarray) -> np.ndarray:
@@ -92,25 +100,43 @@ def thumb_difference(thumbs: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.nda
 
 
 def phash_pairs(values: np.ndarray, max_distance: int, thumbs: np.ndarray | None = None,
-                rows: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+                rows: np.ndarray | None = None, joined: Callable | None = None,
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
     """Index pairs (i < j) of 64-bit `values` within `max_distance` differing bits, in chunks (a pair may come
     more than once); with `thumbs`, only those whose thumbnails (value i's at thumbs[rows[i]]) differ by at
-    most THUMB_DIFFERENCE."""
+    most THUMB_DIFFERENCE. `joined(i, j)`, if given, says which pairs are known to match already: they are
+    neither checked nor yielded.
+
+    All of them while no block value is shared by more than BUCKET_CAP hashes. Past that (thousands of
+    frames of one video, say), each hash is compared with the BUCKET_CAP after it in the order of the full
+    hash, and with the first HUGE_RUN_SAMPLE of a neighbouring block value's huge run: near copies still
+    join through chains of neighbours, and the search stays linear instead of quadratic."""
     width = 64 // BLOCKS
     masks = _masks(width, max_distance // BLOCKS)
     for block in range(BLOCKS):
         keys = ((values >> np.uint64(block * width)) & np.uint64((1 << width) - 1)).astype(np.int64)
-        order = np.argsort(keys, kind="stable")
+        order = np.lexsort((values, keys))  # by block value, then by the whole hash
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
         starts = np.zeros((1 << width) + 1, dtype=np.int64)  # where each block value's run begins in `order`
         np.cumsum(np.bincount(keys, minlength=1 << width), out=starts[1:])
         for mask in masks.astype(np.int64):
             wanted = keys ^ mask
-            lo = starts[wanted]
-            counts = starts[wanted + 1] - lo
+            if mask == 0:  # the own run: those after this hash, at most BUCKET_CAP
+                lo = rank + 1
+                counts = np.minimum(starts[keys + 1] - lo, BUCKET_CAP)
+            else:  # another run: all of it, or where it is huge, its first few (one link joins two runs)
+                lo = starts[wanted]
+                counts = starts[wanted + 1] - lo
+                counts = np.where(counts > BUCKET_CAP, np.minimum(counts, HUGE_RUN_SAMPLE), counts)
             for query, position in _expand(counts, lo):
                 other = order[position]
-                close = (query < other) & (popcount(values[query] ^ values[other]) <= max_distance)
+                query, other = np.minimum(query, other), np.maximum(query, other)
+                close = popcount(values[query] ^ values[other]) <= max_distance
                 query, other = query[close], other[close]
+                if joined is not None:
+                    new = ~joined(query, other)
+                    query, other = query[new], other[new]
                 if thumbs is not None:
                     pair = (query, other) if rows is None else (rows[query], rows[other])
                     alike = thumb_difference(thumbs, *pair) <= THUMB_DIFFERENCE
@@ -154,13 +180,16 @@ def groups(hashes: Hashes, near_distance: int = DEFAULT_NEAR_DISTANCE,
     """Each sample's group: the index of the group's first sample. Exact copies always join; with near
     hashes, so do near copies (and their near copies: a group is a connected component)."""
     n = len(hashes)
-    forest = Forest(n)
     first = first_of_equal(hashes.digest)
-    forest.parent = first.tolist()  # each exact copy points at the first; only the first is searched
+    forest = Forest(first)  # each exact copy points at the first; only the first is searched
     distinct = np.flatnonzero(first == np.arange(n))
     if hashes.phash is not None:
         distinct = distinct[hashes.phash_ok[distinct]]
-        for a, b in phash_pairs(hashes.phash[distinct], near_distance, hashes.thumb, distinct):
+
+        def joined(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return forest.joined(distinct[a], distinct[b])
+
+        for a, b in phash_pairs(hashes.phash[distinct], near_distance, hashes.thumb, distinct, joined):
             forest.union_arrays(distinct[a], distinct[b])
     if hashes.minhash is not None:
         for a, b in minhash_pairs(hashes.minhash[distinct], near_jaccard):
