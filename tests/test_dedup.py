@@ -185,6 +185,11 @@ def test_exact_is_the_default_and_keeps_near_copies(planted, tmp_path):
     root, truth = planted
     result = prepare(str(root), tmp_path / "out", workers=1, quiet=True)
     assert result.duplicates == 40  # each original's byte-for-byte copy, and nothing else
+    assert result.dedup_lines[0] == "dedup exact: removed 40 duplicates of 40 samples (" + ", ".join(
+        f"{split} {sum(row['split'] == split and row['kept'] == 'False' for row in _rows(tmp_path / 'out'))}"
+        for split in ("train", "val", "test")) + ")"  # fmt: skip
+    unique = prepare(str(root), tmp_path / "unique", workers=1, quiet=True, dedup="exact", test_fraction=0.5)
+    assert unique.dedup_lines[0].startswith("dedup exact: removed 40")  # another split, the same groups
     off = prepare(str(root), tmp_path / "off", workers=1, quiet=True, dedup="off")
     assert off.duplicates == 0 and sum(len(k) for k in keys_by_split(tmp_path / "off").values()) == len(truth)
     assert not (tmp_path / "off" / "duplicates.csv").exists()
@@ -350,3 +355,18 @@ def test_a_collection_of_near_identical_images_stays_linear(monkeypatch):
         checked.append(0)
         assert len(np.unique(groups(Hashes(digests, np.ones(n, np.int64), phash, np.ones(n, bool), thumbs)))) == 1
     assert checked[1] < 6 * checked[0], checked
+
+
+def _rows(out: Path) -> list[dict]:
+    with open(out / "duplicates.csv") as stream:
+        return list(csv.DictReader(stream))
+
+
+def test_a_collection_without_duplicates_says_so(tmp_path):
+    root = tmp_path / "images"
+    for i in range(6):
+        (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (root / f"c{i % 2}" / f"{i}.png").write_bytes(_png(i))
+    result = prepare(str(root), tmp_path / "out", workers=1, quiet=True, val_fraction=0, test_fraction=0)
+    assert result.dedup_lines == ["dedup exact: no duplicates"] and result.duplicates == 0
+    assert _rows(tmp_path / "out") == [] and not (tmp_path / "out" / "duplicates.png").exists()

@@ -144,7 +144,8 @@ def report(dedup: Dedup, split_of: dict[str, str], classes: list[str], out: Path
         writer.writerow(["group", "key", "split", "label", "kept", "match"])
         writer.writerows(rows)
     per_split = ", ".join(f"{split} {removed[split]}" for split in ("train", "val", "test"))
-    lines = [f"dedup {dedup.mode}: removed {dedup.removed} duplicates of {len(dedup.groups)} samples ({per_split})"]
+    lines = [f"dedup {dedup.mode}: removed {dedup.removed} duplicates of {len(dedup.groups)} samples ({per_split})"
+             if dedup.groups else f"dedup {dedup.mode}: no duplicates"]  # fmt: skip
     if mixed:
         lines.append(f"  {mixed} groups hold copies with different labels; the kept copy's label is used")
     if dedup.groups:
