@@ -19,7 +19,6 @@ trial's configuration to logs/<study>/best.yaml, for `python -m project.train --
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,10 +34,10 @@ from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 from rich.table import Table
 
-from project.cli import CONFIG_DIR, ConfigOnlyCLI, ProjectCLI, print_train_help
+from project.cli import ConfigOnlyCLI, ProjectCLI, print_train_help
 from project.errors import UserError, run_main
+from project.tune_common import as_flags, best_config, default_search, has_key, load_search, short, trial_flags
 
-DEFAULT_SEARCH = CONFIG_DIR / "tune" / "default.yaml"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
@@ -52,46 +51,27 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--search", type=Path, help="search space YAML (default: the task's, else default.yaml)")
     parser.add_argument("--storage", help="Optuna storage url (default: sqlite:///<logs>/<study>/study.db)")
     parser.add_argument("--study-name", help="default: <experiment>-tune")
+    parser.add_argument("--backend", choices=["optuna", "ray"], default="optuna", help="search backend (optuna)")
+    parser.add_argument("--scheduler", choices=["asha", "pbt", "fifo"], default="asha", help="ray: trial scheduler")
+    parser.add_argument("--address", help="ray: a running cluster (auto, or HOST:PORT); default: a local Ray")
+    parser.add_argument("--resources-per-trial", help="ray: cpu=N,gpu=N for each trial (cpu=1,gpu=0)")
     if "-h" in args or "--help" in args:
         print_train_help(parser.format_help())
     options, overrides = parser.parse_known_args(args)
+    if options.backend == "optuna" and (options.address or options.resources_per_trial):
+        raise UserError("--address and --resources-per-trial are for --backend ray")
+    if options.backend == "ray" and options.storage:
+        raise UserError("--storage is Optuna's: with --backend ray the experiment lives in logs/<study>/ray")
+    if options.backend == "ray":
+        from project.tune_ray import parse_resources, require_ray
+
+        require_ray()  # before the config is read
+        parse_resources(options.resources_per_trial)
     if options.n_trials < 1:
         raise UserError(f"--n-trials must be at least 1, got {options.n_trials}")
     if "--ckpt_path" in overrides or any(arg.startswith("--ckpt_path=") for arg in overrides):
         raise UserError("--ckpt_path: every trial trains from scratch; tune does not resume checkpoints")
     return options, overrides
-
-
-def default_search(config: Any) -> Path:
-    """configs/tune/<task>.yaml for a model class of project.tasks.<task>, when it exists; else default.yaml."""
-    parts = str(getattr(config.model, "class_path", "")).split(".")
-    own = CONFIG_DIR / "tune" / f"{parts[2]}.yaml" if parts[:2] == ["project", "tasks"] and len(parts) > 3 else None
-    return own if own is not None and own.is_file() else DEFAULT_SEARCH
-
-
-def load_search(path: Path) -> dict[str, Any]:
-    """The search space file: metric, direction, pruner and params (checked here, before any trial)."""
-    if not path.is_file():
-        raise UserError(f"search space not found: {path}")
-    try:
-        search = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
-    if not isinstance(search, dict):
-        raise UserError(f"{path}: expected a mapping with params (and metric, direction, pruner)")
-    search.setdefault("metric", "val/acc")
-    search.setdefault("direction", "maximize")
-    if search["direction"] not in ("maximize", "minimize"):
-        raise UserError(f"{path}: direction must be maximize or minimize, got {search['direction']!r}")
-    params = search.get("params")
-    if not isinstance(params, dict) or not params:
-        raise UserError(f"{path}: expected a 'params' mapping of config keys to distributions")
-    for key, spec in params.items():
-        kind = spec.get("type") if isinstance(spec, dict) else None
-        needed = {"float": ("low", "high"), "int": ("low", "high"), "categorical": ("choices",)}.get(kind)
-        if needed is None or any(name not in spec for name in needed):
-            raise UserError(f"{path}: {key} needs type float or int (with low, high) or categorical (with choices)")
-    return search
 
 
 def make_pruner(spec: dict[str, Any] | None) -> optuna.pruners.BasePruner:
@@ -122,17 +102,6 @@ def suggest(trial: optuna.Trial, params: dict[str, dict]) -> dict[str, Any]:
     return values
 
 
-def as_flags(values: dict[str, Any]) -> list[str]:
-    """`--key=value` flags; non-strings as JSON, which the config parser reads as YAML."""
-    return [f"--{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in values.items()]
-
-
-def has_key(config: Any, key: str) -> bool:
-    """Whether `key` names a setting: `model.lr` is the chosen model class's `model.init_args.lr`."""
-    section, _, rest = key.partition(".")
-    return key in config or (bool(rest) and f"{section}.init_args.{rest}" in config)
-
-
 def run_trial(trial: optuna.Trial, flags: list[str], metric: str) -> float:
     """Fit one trial through the same CLI as project.train; its value is the last validation `metric`."""
     pruning = PyTorchLightningPruningCallback(trial, monitor=metric)
@@ -151,16 +120,6 @@ def run_trial(trial: optuna.Trial, flags: list[str], metric: str) -> float:
     if value is None:
         raise UserError(f"metric {metric} was never logged: is validation on, and is the name right?")
     return float(value)
-
-
-def trial_flags(overrides: list[str], config: Any, study_folder: Path, number: int) -> list[str]:
-    """The trial's own run folder: logs/<study>/trial_N (checkpoints inside it too, without a logger)."""
-    flags = [*overrides, f"--trainer.default_root_dir={study_folder / f'trial_{number}'}"]
-    logger = config.trainer.logger
-    if getattr(logger, "init_args", None) is not None and "version" in logger.init_args:
-        logger_args = "--trainer.logger.init_args"
-        flags += [f"{logger_args}.name={study_folder.name}", f"{logger_args}.version=trial_{number}"]
-    return flags
 
 
 def optimize(study: optuna.Study, n_trials: int, overrides: list[str], config: Any, search: dict, folder: Path) -> None:
@@ -188,10 +147,6 @@ def optimize(study: optuna.Study, n_trials: int, overrides: list[str], config: A
         print(f"trial {trial.number}: {search['metric']} = {value:.4f}", file=sys.stderr)
 
 
-def short(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def trials_table(study: optuna.Study, metric: str) -> Table:
     trials = study.get_trials(deepcopy=False)
     keys = sorted({key for trial in trials for key in trial.params})
@@ -214,19 +169,9 @@ def write_best(study: optuna.Study, path: Path) -> Path | None:
     if not any(trial.state == TrialState.COMPLETE for trial in study.get_trials(deepcopy=False)):
         return None
     best = study.best_trial
-    config = yaml.safe_load(best.user_attrs["config"])
-    logger = (config.get("trainer") or {}).get("logger")
-    if isinstance(logger, dict) and isinstance(logger.get("init_args"), dict):
-        logger["init_args"]["version"] = None  # a fresh version_N, not the trial's folder
-    config["trainer"]["default_root_dir"] = None
     values = ", ".join(f"{key}={value}" for key, value in best.params.items())
-    header = (
-        f"# the best trial ({best.number}) of study {study.study_name}: {best.value:.4f}, with {values}\n"
-        f"# the whole configuration it ran with; train it: python -m project.train --config {path}\n"
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + yaml.safe_dump(config, sort_keys=False))
-    return path
+    title = f"the best trial ({best.number}) of study {study.study_name}: {best.value:.4f}, with {values}"
+    return best_config(yaml.safe_load(best.user_attrs["config"]), path, title)
 
 
 def open_study(storage: str, name: str, search: dict, sampler: optuna.samplers.BaseSampler,
@@ -250,7 +195,7 @@ def open_study(storage: str, name: str, search: dict, sampler: optuna.samplers.B
     return study
 
 
-def main(args: list[str] | None = None) -> optuna.Study:
+def main(args: list[str] | None = None) -> optuna.Study | None:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
     config = ConfigOnlyCLI(args=overrides).config  # checks the overrides before any trial
     options.search = options.search or default_search(config)
@@ -262,6 +207,14 @@ def main(args: list[str] | None = None) -> optuna.Study:
     save_dir = Path(getattr(logger, "save_dir", None) or "logs")
     name = options.study_name or f"{getattr(logger, 'name', None) or 'study'}-tune"
     folder = save_dir / name
+    if options.backend == "ray":  # project/tune_ray.py: the same search space, trial folders and best.yaml
+        from project.tune_ray import run
+
+        started, best = time.perf_counter(), run(options, overrides, config, search, folder)
+        minutes = (time.perf_counter() - started) / 60
+        none = f"no trial reported {search['metric']} in {minutes:.1f} min, so there is no best configuration"
+        print(f"best config: {best}\ntrain it:    python -m project.train --config {best}" if best else none)
+        return None
     folder.mkdir(parents=True, exist_ok=True)
     storage = options.storage or f"sqlite:///{folder / 'study.db'}"
     sampler, pruner = optuna.samplers.TPESampler(), make_pruner(search.get("pruner"))
