@@ -11,7 +11,8 @@ logs/<study>/trial_N/, reporting the metric after every validation through Ray's
 this project: the weights, the optimizer and the exact data position.
 
 - asha: stops the trials that trail at each epoch (grace period 1 epoch, reduction factor 2).
-- pbt: after every epoch the worse half of the trials copy the better half's checkpoint and configuration,
+- pbt: after every epoch (all trials wait for each other: synchronous PBT, which exploits at every step even
+  with two trials) the worse half of the trials copy the better half's checkpoint and configuration,
   then perturb its float parameters (x0.8 or x1.2, or a fresh draw); the other parameters (widths, batch
   sizes: they would not fit the copied weights or data position) stay the donor's. A restored trial takes
   its new learning rate and weight decay (`NewHyperparameters`).
@@ -27,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +101,7 @@ def make_scheduler(name: str, params: dict[str, dict], max_epochs: int):  # noqa
         floats = {key: value for key, value in space(params).items() if params[key]["type"] == "float"}
         if not floats:
             raise UserError("--scheduler pbt perturbs float parameters, and the search space has none")
-        return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1,
+        return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1, synch=True,
                                        hyperparam_mutations=floats, quantile_fraction=0.5)  # fmt: skip
     return FIFOScheduler()
 
@@ -182,6 +184,7 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
                              cwd=os.getcwd()),
         resources,
     )  # fmt: skip
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the older reporter, silent at verbose=0: our table follows
     ray.init(address=options.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
              ignore_reinit_error=True)  # fmt: skip
     try:
@@ -198,7 +201,9 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
                                             num_samples=options.n_trials),
                 run_config=tune.RunConfig(name=folder.name, storage_path=str(storage), verbose=0),
             )  # fmt: skip
-        results = tuner.fit()
+        with warnings.catch_warnings():  # PBT's advice to reuse actors: a trial here is a whole training run
+            warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
+            results = tuner.fit()
     finally:
         ray.shutdown()
     return report_results(results, search, folder, metric, mode)
