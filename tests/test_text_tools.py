@@ -23,7 +23,7 @@ from project.shards.prepare import prepare
 from project.tasks.text.demo import write_csv
 from project.tasks.text.model import TextClassifier
 from project.tasks.text.tokenizer import file_hash, load_tokenizer, train_tokenizer
-from project.tune import DEFAULT_SEARCH, default_search
+from project.tune_common import DEFAULT_SEARCH, default_search
 
 from .conftest import REPO, run_here
 
