@@ -11,14 +11,18 @@ import torch
 from project.data.datamodule import ShardDataModule, check_positive
 from project.data.samples import Sample
 from project.data.stream import ShardStream
+from project.errors import DecodeError
 from project.tasks.demos import build_once, uses_folder
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch, ImageExample
 from project.tasks.image.decode import (
     ARRAY_EXTENSIONS,
     IMAGE_EXTENSIONS,
     LABEL_EXTENSIONS,
+    MAX_IMAGE_PIXELS,
     WANTED_EXTENSIONS,
+    check_pixels,
     decode_sample,
+    jpeg_size,
     optional_label,
     sample_label,
 )
@@ -46,6 +50,9 @@ class ImageShards(ClassNames, ShardDataModule):
         decode_on: where JPEGs are decoded: cpu (in the DataLoader workers) or device (on the training
             device after the batch reaches it, with torchvision's decode_jpeg: nvJPEG on CUDA); see
             project/tasks/image/device_decode.py for when it helps.
+        max_image_pixels: an image whose header declares more pixels is skipped (counted, with its reason)
+            before a pixel is decoded, on every path: PIL, libjpeg-turbo and the device. PIL's own limit by
+            default (89,478,485); PIL refuses twice that whatever this says.
         **kwargs: the shard, loader and resume settings of `ShardDataModule` (root, train, val, test,
             batch_size, num_workers, shuffle_buffer, seed, fraction, ...).
     """
@@ -60,11 +67,13 @@ class ImageShards(ClassNames, ShardDataModule):
         augment: Preset = "light",
         classes: list[str] | None = None,
         decode_on: Literal["cpu", "device"] = "cpu",
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
         **kwargs: Any,
     ) -> None:
-        check_positive(image_size=image_size)
+        check_positive(image_size=image_size, max_image_pixels=max_image_pixels)
         super().__init__(**kwargs)
         self.image_size, self.augment, self.decode_on = image_size, augment, decode_on
+        self.max_image_pixels = max_image_pixels
         self.transforms = {
             stage: build_transform(augment, image_size, train=stage == "train")
             for stage in ("train", "val", "test", "predict")
@@ -90,10 +99,15 @@ class ImageShards(ClassNames, ShardDataModule):
         if self.decode_on == "device":
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if extension in ("jpg", "jpeg") and sample[extension].startswith(JPEG_MAGIC):
-                # a bad label fails here, as on the CPU path
+                # a bad label fails here, as on the CPU path; so does a JPEG that declares too many pixels
                 label = sample_label(sample, self.classes) if need_label else optional_label(sample, self.classes)
+                if dimensions := jpeg_size(sample[extension]):
+                    try:
+                        check_pixels(*dimensions, self.max_image_pixels)
+                    except ValueError as error:
+                        raise DecodeError.of(sample, error) from None
                 return ImageExample(label, jpeg=sample[extension], url=sample["__url__"])
-        image, label = decode_sample(sample, self.image_size, self.classes, need_label)
+        image, label = decode_sample(sample, self.image_size, self.classes, need_label, self.max_image_pixels)
         return ImageExample(label, pixels(image))
 
     def collate(self, examples: list[ImageExample], stage: str) -> ImageBatch:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,11 +25,27 @@ LABEL_EXTENSIONS = ("cls", "txt", "json")
 ARRAY_EXTENSIONS = ("npy",)
 WANTED_EXTENSIONS = frozenset(IMAGE_EXTENSIONS + LABEL_EXTENSIONS + ARRAY_EXTENSIONS)
 JSON_LABEL_FIELDS = ("label", "cls", "class")
+# data.max_image_pixels by default: PIL's own limit (it warns above it, and refuses twice as many). An image
+# whose header declares more is refused before a pixel is decoded: a 630-byte JPEG can declare 60,000 x 60,000
+MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 
 
-def decode_image(data: bytes, size: int | None = None) -> Image.Image:
-    """Decode image bytes to RGB; JPEGs decode at a reduced scale when `size` is much smaller."""
-    image = Image.open(io.BytesIO(data))
+def check_pixels(width: int, height: int, max_pixels: int | None) -> None:
+    """A ValueError (a skipped sample) for an image that declares more than `max_pixels` pixels."""
+    if max_pixels is not None and width * height > max_pixels:
+        raise ValueError(f"it declares {width} x {height} pixels, over data.max_image_pixels ({max_pixels:,})")
+
+
+def decode_image(data: bytes, size: int | None = None, max_pixels: int | None = MAX_IMAGE_PIXELS) -> Image.Image:
+    """Decode image bytes to RGB; JPEGs decode at a reduced scale when `size` is much smaller. An image that
+    declares more than `max_pixels` pixels is refused from its header (ValueError)."""
+    with warnings.catch_warnings():  # our own bound decides; PIL's warning would repeat it
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(data))
+        except Image.DecompressionBombError as error:  # over twice PIL's limit, whatever ours is
+            raise ValueError(f"it declares more pixels than PIL decodes: {error}") from None
+    check_pixels(*image.size, max_pixels)
     if size is not None and image.format == "JPEG":
         # draft mode decodes at 1/2, 1/4 or 1/8 scale, never below the requested size: far less work
         image.draft("RGB", (size, size))
@@ -62,7 +79,8 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def decode_jpeg_pixels(data: bytes, size: int | None = None) -> torch.Tensor | None:
+def decode_jpeg_pixels(data: bytes, size: int | None = None, max_pixels: int | None = MAX_IMAGE_PIXELS,
+                       ) -> torch.Tensor | None:  # fmt: skip
     """A JPEG as a uint8 CHW RGB tensor through libjpeg-turbo (torchvision), when PIL's draft mode would
     not decode it at a smaller scale; None otherwise, or when libjpeg-turbo cannot read it (PIL then
     decodes it, and reports what is wrong).
@@ -72,6 +90,8 @@ def decode_jpeg_pixels(data: bytes, size: int | None = None) -> torch.Tensor | N
     mode (decoding at 1/2, 1/4 or 1/8 scale) does less work.
     """
     dimensions = jpeg_size(data)
+    if dimensions is not None:
+        check_pixels(*dimensions, max_pixels)  # before libjpeg-turbo allocates them
     if dimensions is None or (size is not None and min(dimensions) >= 2 * size):
         return None
     try:
@@ -124,22 +144,24 @@ def optional_label(sample: dict, classes: Sequence[str] | None = None) -> int:
 
 
 def decode_sample(
-    sample: dict, size: int | None = None, classes: Sequence[str] | None = None, need_label: bool = True
-) -> tuple[Image.Image | np.ndarray | torch.Tensor, int]:
+    sample: dict, size: int | None = None, classes: Sequence[str] | None = None, need_label: bool = True,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> tuple[Image.Image | np.ndarray | torch.Tensor, int]:  # fmt: skip
     """(image, label) for one grouped tar sample; raises `DecodeError` naming the shard and key.
 
     The image is a PIL image, an HWC/HW array (.npy), or a CHW uint8 tensor (JPEGs that need no draft).
-    Without `need_label` (predict), a sample without a usable label gets `NO_LABEL`.
+    Without `need_label` (predict), a sample without a usable label gets `NO_LABEL`. An image that
+    declares more than `max_pixels` pixels is refused (a `DecodeError`) before it is decoded.
     """
     try:
         label = decode_label(sample, classes) if need_label else optional_label(sample, classes)
         extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
         if extension in ("jpg", "jpeg"):
-            fast = decode_jpeg_pixels(sample[extension], size)
+            fast = decode_jpeg_pixels(sample[extension], size, max_pixels)
             if fast is not None:
                 return fast, label
         if extension is not None:
-            return decode_image(sample[extension], size), label
+            return decode_image(sample[extension], size, max_pixels), label
         if "npy" in sample:
             return decode_array(sample["npy"]), label
         raise ValueError(f"no image member (.{', .'.join(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)})")
