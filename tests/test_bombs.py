@@ -131,3 +131,18 @@ def test_decoding_every_bomb_keeps_the_process_under_1_gb(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     refused, imported_mb, peak_mb = (int(value) for value in done.stdout.split())
     assert refused == 9 and peak_mb < 1024 and peak_mb - imported_mb < 64, (refused, imported_mb, peak_mb)
+
+
+def test_inspect_counts_a_bomb_as_unreadable_instead_of_crashing(tmp_path):
+    from project.shards.tarwriter import FastTarWriter
+
+    from .conftest import run_here
+
+    with open(tmp_path / "shard-000000.tar", "wb") as stream, FastTarWriter(stream) as writer:
+        writer.write({"__key__": "fine", "jpg": small("JPEG"), "cls": b"0"})
+        writer.write({"__key__": "bomb", "png": png_bomb(), "cls": b"1"})
+        writer.write({"__key__": "broken", "jpg": b"\xff\xd8 not a jpeg", "cls": b"1"})
+    result = run_here("project.data.inspect", str(tmp_path / "shard-000000.tar"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "unreadable images: 2 (training skips them); the first: bomb: it declares more pixels" in result.stdout
+    assert "16x16 (1)" in result.stdout

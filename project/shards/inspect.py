@@ -15,7 +15,6 @@ and the first texts with their labels instead.
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import os
 import sys
@@ -30,7 +29,7 @@ from project.data.samples import read_samples
 from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
-from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, index_classes
+from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, index_classes, open_image
 
 TILE = 96
 TEXTS_SHOWN = 5  # first texts printed for text shards
@@ -48,6 +47,7 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
     """Counts per class, sizes and modes seen, and the first samples (for the sheet), in one pass."""
     classes = index_classes(index)
     counts, sizes, modes, tiles, lengths, texts = Counter(), Counter(), Counter(), [], [], []
+    unreadable: list[str] = []
     for shard in index.shards:
         for sample in read_samples(shard.url):
             try:
@@ -65,14 +65,21 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
                 continue
             if extension is None:
                 continue
-            with Image.open(io.BytesIO(sample[extension])) as image:
-                sizes[image.size] += 1
-                modes[image.mode] += 1
-            if len(tiles) < sheet_samples:
-                tiles.append((decode_image(sample[extension]), name))
+            try:  # a bomb or a broken image is counted and named, as training skips it
+                with open_image(sample[extension]) as image:
+                    size, mode = image.size, image.mode
+                tile = decode_image(sample[extension]) if len(tiles) < sheet_samples else None
+            except (ValueError, OSError) as error:
+                unreadable.append(f"{sample['__key__']}: {error}")
+                continue
+            sizes[size] += 1
+            modes[mode] += 1
+            if tile is not None:
+                tiles.append((tile, name))
     total_bytes = sum(shard.filesize or 0 for shard in index.shards)
     summary = {"shards": len(index.shards), "samples": index.nsamples, "bytes": total_bytes,
-               "classes": counts, "sizes": sizes, "modes": modes, "lengths": lengths, "texts": texts}  # fmt: skip
+               "classes": counts, "sizes": sizes, "modes": modes, "lengths": lengths, "texts": texts,
+               "unreadable": unreadable}  # fmt: skip
     return summary, tiles
 
 
@@ -121,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
         if summary["sizes"]:
             seen = ", ".join(f"{w}x{h} ({n})" for (w, h), n in summary["sizes"].most_common(5))
             console.print(f"image sizes: {seen}; modes: {dict(summary['modes'])}")
+        if summary["unreadable"]:
+            console.print(f"unreadable images: {len(summary['unreadable'])} (training skips them); the first: "
+                          f"{summary['unreadable'][0]}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
         if lengths := sorted(summary["lengths"]):
             console.print(f"text lengths in characters: median {lengths[len(lengths) // 2]}, 95th percentile "
                           f"{lengths[int(0.95 * (len(lengths) - 1))]}, longest {lengths[-1]}")  # fmt: skip

@@ -36,9 +36,9 @@ def check_pixels(width: int, height: int, max_pixels: int | None) -> None:
         raise ValueError(f"it declares {width} x {height} pixels, over data.max_image_pixels ({max_pixels:,})")
 
 
-def decode_image(data: bytes, size: int | None = None, max_pixels: int | None = MAX_IMAGE_PIXELS) -> Image.Image:
-    """Decode image bytes to RGB; JPEGs decode at a reduced scale when `size` is much smaller. An image that
-    declares more than `max_pixels` pixels is refused from its header (ValueError)."""
+def open_image(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> Image.Image:
+    """The image with only its header read; a ValueError where it declares more than `max_pixels` pixels
+    (an OSError where it is no image PIL reads)."""
     with warnings.catch_warnings():  # our own bound decides; PIL's warning would repeat it
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
@@ -46,6 +46,13 @@ def decode_image(data: bytes, size: int | None = None, max_pixels: int | None = 
         except Image.DecompressionBombError as error:  # over twice PIL's limit, whatever ours is
             raise ValueError(f"it declares more pixels than PIL decodes: {error}") from None
     check_pixels(*image.size, max_pixels)
+    return image
+
+
+def decode_image(data: bytes, size: int | None = None, max_pixels: int | None = MAX_IMAGE_PIXELS) -> Image.Image:
+    """Decode image bytes to RGB; JPEGs decode at a reduced scale when `size` is much smaller. An image that
+    declares more than `max_pixels` pixels is refused from its header (ValueError)."""
+    image = open_image(data, max_pixels)
     if size is not None and image.format == "JPEG":
         # draft mode decodes at 1/2, 1/4 or 1/8 scale, never below the requested size: far less work
         image.draft("RGB", (size, size))
