@@ -105,10 +105,11 @@ def test_a_bad_bound_is_a_one_line_error():
         ImageShards(root="unused", max_image_pixels=0)
 
 
-def test_decoding_every_bomb_keeps_the_process_under_1_gb(tmp_path):
-    """In a fresh process (so that the peak is this test's alone): every bomb, on every path. The imports
-    (torch, Lightning) take about 810 MB here; the nine refusals add 3 MB (before the bound, the JPEG alone
-    made libjpeg-turbo allocate 10.8 GB)."""
+def test_decoding_every_bomb_adds_almost_nothing_to_the_process_peak(tmp_path):
+    """In a fresh process (so that the peak is this test's alone): every bomb, on every path, adds under
+    64 MB to what the imports take (3 MB measured; before the bound, the JPEG alone made libjpeg-turbo
+    allocate 10.8 GB). The imports themselves (torch, Lightning) take 810 MB with a CPU build of torch and
+    1,035 MB with the CUDA build a fresh venv gets, so the issue's "under 1 GB" is held for the bombs' part."""
     script = tmp_path / "bombs.py"
     script.write_text(
         "import resource, sys\n"
@@ -130,7 +131,7 @@ def test_decoding_every_bomb_keeps_the_process_under_1_gb(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     refused, imported_mb, peak_mb = (int(value) for value in done.stdout.split())
-    assert refused == 9 and peak_mb < 1024 and peak_mb - imported_mb < 64, (refused, imported_mb, peak_mb)
+    assert refused == 9 and peak_mb - imported_mb < 64, (refused, imported_mb, peak_mb)
 
 
 def test_inspect_counts_a_bomb_as_unreadable_instead_of_crashing(tmp_path):
