@@ -36,7 +36,16 @@ from rich.table import Table
 
 from project.cli import ConfigOnlyCLI, ProjectCLI, print_train_help
 from project.errors import UserError, run_main
-from project.tune_common import as_flags, best_config, default_search, has_key, load_search, short, trial_flags
+from project.tune_common import (
+    as_flags,
+    best_config,
+    default_search,
+    has_key,
+    load_search,
+    short,
+    trial_flags,
+    versioned_logger,
+)
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -129,7 +138,7 @@ def optimize(study: optuna.Study, n_trials: int, overrides: list[str], config: A
         values = suggest(trial, search["params"])
         shown = ", ".join(f"{key}={short(value)}" for key, value in values.items())
         print(f"\ntrial {trial.number} ({done} of {n_trials} finished so far): {shown}", file=sys.stderr)
-        flags = trial_flags(overrides, config, folder, trial.number) + as_flags(values)
+        flags = trial_flags(overrides, versioned_logger(config), folder, trial.number) + as_flags(values)
         try:
             value = run_trial(trial, flags, search["metric"])
         except optuna.TrialPruned as pruned:

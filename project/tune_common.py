@@ -58,11 +58,17 @@ def has_key(config: Any, key: str) -> bool:
     return key in config or (bool(rest) and f"{section}.init_args.{rest}" in config)
 
 
-def trial_flags(overrides: list[str], config: Any, study_folder: Path, number: int) -> list[str]:
-    """The trial's own run folder: logs/<study>/trial_N (checkpoints inside it too, without a logger)."""
-    flags = [*overrides, f"--trainer.default_root_dir={study_folder / f'trial_{number}'}"]
+def versioned_logger(config: Any) -> bool:
+    """Whether the configured logger takes a name and a version (TensorBoard's, CSV's)."""
     logger = config.trainer.logger
-    if getattr(logger, "init_args", None) is not None and "version" in logger.init_args:
+    return getattr(logger, "init_args", None) is not None and "version" in logger.init_args
+
+
+def trial_flags(overrides: list[str], versioned: bool, study_folder: Path, number: int) -> list[str]:
+    """The trial's own run folder: logs/<study>/trial_N (checkpoints inside it too, without a logger);
+    `versioned`: whether the logger takes a name and version (`versioned_logger`)."""
+    flags = [*overrides, f"--trainer.default_root_dir={study_folder / f'trial_{number}'}"]
+    if versioned:
         logger_args = "--trainer.logger.init_args"
         flags += [f"{logger_args}.name={study_folder.name}", f"{logger_args}.version=trial_{number}"]
     return flags

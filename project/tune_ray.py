@@ -36,6 +36,7 @@ import yaml
 from lightning.pytorch import Callback
 
 from project.errors import UserError
+from project.tune_common import as_flags, best_config, short, trial_flags, versioned_logger
 
 SCHEDULERS = ("asha", "pbt", "fifo")
 CHECKPOINT = "checkpoint.ckpt"
@@ -132,19 +133,19 @@ class NewHyperparameters(Callback):
             config.scheduler.base_lrs = [lr * ratio for lr in config.scheduler.base_lrs]
 
 
-def trainable(config: dict[str, Any], overrides: list[str], folder: str, metric: str, cwd: str) -> None:
+def trainable(config: dict[str, Any], overrides: list[str], versioned: bool, folder: str, metric: str, cwd: str,
+              ) -> None:  # fmt: skip
     """One trial: a project.train run with the trial's values, restored from a checkpoint where Ray gives one
     (PBT's exploit, or a trial resumed after an interruption). A restore is noted in the trial's folder, in
     restored.txt."""
     from ray import tune
     from ray.tune.integration.pytorch_lightning import TuneReportCheckpointCallback
 
-    from project.cli import ConfigOnlyCLI, ProjectCLI
-    from project.tune_common import as_flags, trial_flags
+    from project.cli import ProjectCLI
 
     os.chdir(cwd)  # Ray starts a trial in a folder of its own; the command's relative paths are the user's
     number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
-    flags = trial_flags(overrides, ConfigOnlyCLI(args=overrides).config, Path(folder), number) + as_flags(config)
+    flags = trial_flags(overrides, versioned, Path(folder), number) + as_flags(config)
     report = TuneReportCheckpointCallback(metrics={tune_name(metric): metric}, filename=CHECKPOINT)
     cli = ProjectCLI(args=flags, trainer_defaults={"callbacks": [report, NewHyperparameters()]})
     checkpoint = tune.get_checkpoint()
@@ -180,8 +181,8 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
         raise UserError(f"experiment {folder.name} was started with other settings ({changed}): "
                         "Ray cannot change them; pick another --study-name")  # fmt: skip
     function = tune.with_resources(
-        tune.with_parameters(trainable, overrides=overrides, folder=str(folder.resolve()), metric=search["metric"],
-                             cwd=os.getcwd()),
+        tune.with_parameters(trainable, overrides=overrides, versioned=versioned_logger(config),
+                             folder=str(folder.resolve()), metric=search["metric"], cwd=os.getcwd()),
         resources,
     )  # fmt: skip
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the older reporter, silent at verbose=0: our table follows
@@ -212,8 +213,6 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
 def report_results(results: Any, search: dict, folder: Path, metric: str, mode: str) -> Path | None:
     from rich.console import Console
     from rich.table import Table
-
-    from project.tune_common import best_config, short
 
     keys = sorted(search["params"])
     rows = []

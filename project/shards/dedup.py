@@ -70,9 +70,6 @@ class Hashes:
 
         return Hashes(**{name: joined(name) for name in FIELDS})
 
-    def take(self, indices: np.ndarray) -> Hashes:
-        return Hashes(**{name: array[indices] for name, array in self.arrays().items()})
-
 
 FIELDS = ("digest", "size", "phash", "phash_ok", "thumb", "minhash")
 

@@ -20,7 +20,7 @@ from project.data.samples import read_samples
 from project.data.shards import ShardIndex
 from project.errors import UserError
 from project.shards.dedup import Hasher, Hashes, require_near_text
-from project.shards.matching import first_of_equal, match, minhash_pairs, phash_pairs
+from project.shards.matching import first_of_equal, groups, match
 from project.shards.parallel import imap_unordered
 from project.tasks.image.decode import IMAGE_EXTENSIONS
 
@@ -99,32 +99,20 @@ class Leaks:
 
 
 def leaks(train: Hashed, other: Hashed, split: str, near_distance: int, near_jaccard: float) -> Leaks:
-    """Which samples of `other` have a copy in `train`."""
+    """Which samples of `other` have a copy in `train`: those in one duplicate group with a train sample, as
+    `prepare --dedup near` would group them (`matching.groups`). Train comes first, so a group's label, its
+    smallest member, is a train sample whenever the group holds one."""
     if train.hashes.digest.size and other.hashes.digest.size and train.text != other.text:
         raise UserError(f"train holds {'text' if train.text else 'images'} and {split} does not: nothing to compare")
     n = len(train.hashes)
     both = Hashes.concat([train.hashes, other.hashes])
-    first = first_of_equal(both.digest)
-    partner = {i - n: int(first[i]) for i in range(n, len(both)) if first[i] < n}  # other's index -> train's
-    exact = sorted(partner)
-    near: dict[int, int] = {}
-    if both.phash is not None or both.minhash is not None:
-        distinct = np.flatnonzero(first == np.arange(len(both)))
-        if both.phash is not None:
-            distinct = distinct[both.phash_ok[distinct]]
-            pairs = phash_pairs(both.phash[distinct], near_distance, both.thumb, distinct)
-        else:
-            pairs = minhash_pairs(both.minhash[distinct], near_jaccard)
-        for a, b in pairs:
-            a, b = distinct[a], distinct[b]  # a < b: a train sample and another's, or two of one set
-            for t, o in zip(a[(a < n) & (b >= n)].tolist(), b[(a < n) & (b >= n)].tolist(), strict=True):
-                near.setdefault(o - n, t)
-        for i in range(n, len(both)):  # exact copies of a near copy leak too
-            if first[i] >= n and first[i] - n in near and i - n not in partner:
-                near.setdefault(i - n, near[first[i] - n])
-    found = Leaks(split, len(other.hashes), exact, sorted(set(near) - set(partner)))
-    shown = sorted({**{i: partner[i] for i in exact}, **{i: near[i] for i in found.near}}.items())[:EXAMPLES]
-    for i, t in shown:
+    first, labels = first_of_equal(both.digest)[n:], groups(both, near_distance, near_jaccard)[n:]
+    exact = np.flatnonzero(first < n)
+    near = np.flatnonzero((labels < n) & (first >= n))
+    found = Leaks(split, len(other.hashes), exact.tolist(), near.tolist())
+    partner = {**dict(zip(exact.tolist(), first[exact].tolist(), strict=True)),
+               **dict(zip(near.tolist(), labels[near].tolist(), strict=True))}  # fmt: skip
+    for i, t in sorted(partner.items())[:EXAMPLES]:
         found.examples.append(f"  {split}/{other.keys[i]} = train/{train.keys[t]} ({match(both, t, n + i)})")
     return found
 
