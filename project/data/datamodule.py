@@ -21,7 +21,7 @@ from project.data.files import is_plain_folder, pack_folder
 from project.data.health import SkipLedger
 from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
-from project.data.samples import Sample
+from project.data.samples import MAX_MEMBER_BYTES, Sample
 from project.data.shards import Shard, ShardIndex, resolve_shards
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, start_forkserver
@@ -67,6 +67,8 @@ class ShardDataModule(L.LightningDataModule):
         bucket_by_size: group training samples of similar size into batches, within the shuffle buffer
             (less padding for texts of varied length; batches stay random in order). Best with a
             shuffle_buffer of many batches.
+        max_member_bytes: a tar member whose header declares more bytes is never read: its sample is
+            skipped and counted (a hostile or broken shard cannot make a worker allocate gigabytes).
     """
 
     # the tar members `decode` reads (lower-case extensions); no other member is ever read into memory
@@ -95,11 +97,12 @@ class ShardDataModule(L.LightningDataModule):
         cache_gb: float = 50.0,
         worker_start: StartMethod = "forkserver",
         bucket_by_size: bool = False,
+        max_member_bytes: int = MAX_MEMBER_BYTES,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         check_positive(batch_size=batch_size, shuffle_buffer=shuffle_buffer, prefetch_factor=prefetch_factor)
-        check_positive(cache_gb=cache_gb)
+        check_positive(cache_gb=cache_gb, max_member_bytes=max_member_bytes)
         if num_workers < 0:
             raise UserError(f"data.num_workers must be 0 or more, got {num_workers}")
         if not 0 < fraction <= 1:
@@ -107,20 +110,16 @@ class ShardDataModule(L.LightningDataModule):
         if not 0 <= max_skipped_fraction <= 1:
             raise UserError(f"data.max_skipped_fraction must be in [0, 1], got {max_skipped_fraction}")
         self.root = root
-        self.specs = {
-            split: spec if spec is not None else (os.path.join(root, split) if root else None)
-            for split, spec in (("train", train), ("val", val), ("test", test))
-        }
-        self.specs["predict"] = predict
+        given = {"train": train, "val": val, "test": test}
+        self.specs = {split: spec if spec is not None else (os.path.join(root, split) if root else None)
+                      for split, spec in given.items()} | {"predict": predict}  # fmt: skip
         self.batch_size, self.num_workers = batch_size, num_workers
         self.shuffle_buffer, self.seed = shuffle_buffer, seed
-        self.fraction = fraction
+        self.fraction, self.prefetch_factor, self.max_skipped_fraction = fraction, prefetch_factor, max_skipped_fraction
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.prefetch_factor = prefetch_factor
-        self.max_skipped_fraction = max_skipped_fraction
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
         self.worker_start = worker_start
-        self.bucket_by_size = bucket_by_size
+        self.bucket_by_size, self.max_member_bytes = bucket_by_size, max_member_bytes
         if num_workers > 0 and worker_start == "forkserver":
             # it imports the stream and this task while the trainer sets up; the first workers need it
             start_forkserver([type(self).__module__])
@@ -205,6 +204,7 @@ class ShardDataModule(L.LightningDataModule):
             cache_dir=self.cache_dir,
             cache_bytes=self.cache_bytes,
             bucket_by_size=self.bucket_by_size and split == "train",
+            max_member_bytes=self.max_member_bytes,
         )
         if self.trainer is not None:
             stream.set_topology(self.trainer.world_size, self.trainer.global_rank)
@@ -293,8 +293,7 @@ class ShardDataModule(L.LightningDataModule):
         ledger.record(skipped)
 
     def __getstate__(self) -> dict[str, Any]:
-        """What the DataLoader workers get of this module (it is the stream's task): its settings, not the
-        trainer, the loaders or every split's shard list."""
+        """What the DataLoader workers get of this module (the stream's task): no trainer, loaders or shards."""
         state = self.__dict__.copy()
         state.update(trainer=None, _loaders={}, _ledgers={}, _indexes={}, _resume_position=None, _split_starts={})
         return state

@@ -1,8 +1,10 @@
 """Read one shard's samples: tar members in order, grouped by key into {"__key__", "__url__", ext: bytes}.
 
 Members are grouped by webdataset's key rule (`base_plus_ext`): `a/b.c.jpg` is extension `c.jpg` of key `a/b`.
-Only the extensions asked for are read into memory; the rest are skipped over. Nothing is decoded here: what
-a member means is the task's business (`ShardDataModule.decode`), and nothing is ever unpickled.
+Only the extensions asked for are read into memory; the rest are skipped over. A member whose header declares
+more than `max_member_bytes` is never read: its sample gets a "__refused__" reason instead, which the stream
+counts as a skipped sample. Nothing is decoded here: what a member means is the task's business
+(`ShardDataModule.decode`), and nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import IO
 from webdataset.tariterators import base_plus_ext
 
 from project.data.remote import open_url
-from project.data.tarreader import tar_members
+from project.data.tarreader import MemberRead, tar_members
 from project.errors import ShardError
 
 READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
 META_MEMBER = re.compile(r"__[^/]*__($|/)")  # webdataset's rule for metadata members
+MAX_MEMBER_BYTES = 1 << 29  # 512 MiB: a raw RGBA image at PIL's pixel limit fits; a hostile 8 GiB header does not
+REFUSED = "__refused__"  # a sample's key for why one of its members was not read
 # a grouped sample: "__key__" and "__url__" (str), and one entry of bytes per extension read
 Sample = dict
 
@@ -31,6 +35,7 @@ def read_samples(
     stop: int | None = None,
     extensions: frozenset[str] | None = None,
     open_stream: Callable[[str], IO[bytes]] = open_url,
+    max_member_bytes: int | None = MAX_MEMBER_BYTES,
 ) -> Iterator[Sample]:
     """Samples [start, stop) of one shard, as {"__key__", "__url__", ext: bytes}.
 
@@ -40,6 +45,8 @@ def read_samples(
         stop: the sample to stop before; reading ends once sample `stop - 1` is complete.
         extensions: the extensions (lower case) whose bytes are read; None reads every member.
         open_stream: opens `url` as a byte stream.
+        max_member_bytes: a member declaring more bytes is left unread, and its sample gets `REFUSED`
+            (None: no bound).
     """
     try:
         stream = open_stream(url)
@@ -61,6 +68,10 @@ def read_samples(
                     current = {"__key__": key, "__url__": url}
             extension = extension.lower()
             if current is not None and (extensions is None or extension in extensions):
+                if max_member_bytes is not None and read.size > max_member_bytes:
+                    current[REFUSED] = (f"member {name} declares {read.size:,} bytes, over "
+                                        f"data.max_member_bytes ({max_member_bytes:,})")  # fmt: skip
+                    continue
                 try:
                     current[extension] = read()
                 except READ_ERRORS as error:
@@ -71,7 +82,7 @@ def read_samples(
         stream.close()
 
 
-def _members(stream: IO[bytes], url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
+def _members(stream: IO[bytes], url: str) -> Iterator[tuple[str, MemberRead]]:
     """(name, read) for each regular member, in tar order; `read` must be called before moving on."""
     try:
         for name, read in tar_members(stream):

@@ -23,7 +23,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from project.data.batch import Batch, Skipped
 from project.data.plan import Segment, WorkerPlan, eval_plan, resume_point, skip_samples, total_batches, train_plan
 from project.data.remote import open_url
-from project.data.samples import Sample, read_samples
+from project.data.samples import MAX_MEMBER_BYTES, REFUSED, Sample, read_samples
 from project.data.shards import Shard
 from project.errors import DecodeError, ShardError
 
@@ -103,6 +103,7 @@ class ShardStream(IterableDataset):
         cache_bytes: the most the cache folder may hold; least recently used copies go first.
         bucket_by_size: training batches of samples of similar encoded size, from within the shuffle
             buffer (see `shuffled`): less padding for texts of varied lengths.
+        max_member_bytes: a sample with a member that declares more bytes is skipped, that member unread.
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class ShardStream(IterableDataset):
         cache_dir: str | None = None,
         cache_bytes: int | None = None,
         bucket_by_size: bool = False,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
     ) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
@@ -131,6 +133,7 @@ class ShardStream(IterableDataset):
         self.num_workers = max(1, num_workers)
         self.skip_corrupt = skip_corrupt
         self.bucket_by_size = bucket_by_size
+        self.max_member_bytes = max_member_bytes
         self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self.epoch = 0
         self.world_size, self.rank = 1, 0
@@ -205,6 +208,8 @@ class ShardStream(IterableDataset):
                     skipped.append(Skipped(sample.url, f"sample {sample.position}", sample.reason))
                     continue
                 try:
+                    if REFUSED in sample:
+                        raise DecodeError.of(sample, sample[REFUSED])
                     examples.append(self.task.decode(sample, self.stage))
                 except DecodeError as error:
                     if not self.skip_corrupt:
@@ -228,7 +233,9 @@ class ShardStream(IterableDataset):
             shard = self.shards[segment.shard]
             seen, reason = 0, ""
             try:
-                for sample in read_samples(shard.url, segment.start, segment.stop, extensions, self.open_stream):
+                for sample in read_samples(
+                    shard.url, segment.start, segment.stop, extensions, self.open_stream, self.max_member_bytes
+                ):
                     seen += 1
                     yield sample
             except ShardError as error:

@@ -4,26 +4,41 @@ tarfile's stream mode parses every field of every header, about 30 us a member: 
 cost of decoding a 32 px JPEG, so the loader ran at half its decode speed. Here a plain ustar, GNU or
 pax header costs about 4 us (name, size, type and checksum only). Compressed tars (gzip, bzip2, xz)
 still go through tarfile. Errors are `tarfile.ReadError`s, as tarfile's own would be.
+
+Hostile headers cannot make it allocate: each member's `read` knows its declared `size` before reading
+(the caller refuses oversized members unread), long-name and pax headers are bounded, and data is read in
+chunks, so a header that declares gigabytes over a short file costs only the bytes really there.
 """
 
 from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Callable, Iterator
-from typing import IO
+from collections.abc import Iterator
+from typing import IO, Protocol
 
 BLOCK = 512
 COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
 REGULAR_TYPES = (b"0", b"\x00", b"7")
-Member = tuple[str, Callable[[], bytes]]
+MAX_HEADER_BYTES = 1 << 20  # a GNU long name or a pax header: real ones are a few hundred bytes
+CHUNK = 1 << 24  # reads above this go in chunks: memory follows the bytes that exist, not a declared size
+Member = tuple[str, "MemberRead"]
+
+
+class MemberRead(Protocol):
+    """A member's `read`: its bytes, once; `size` is what its header declares, known before reading."""
+
+    size: int
+
+    def __call__(self) -> bytes: ...
 
 
 def tar_members(stream: IO[bytes]) -> Iterator[Member]:
     """(name, read) for each regular file member, in tar order.
 
-    `read()` returns the member's bytes and must be called before the next member is asked for;
-    members whose `read` is not called are skipped (seeked over when the stream can seek).
+    `read.size` is the member's declared size. `read()` returns the member's bytes and must be called
+    before the next member is asked for; members whose `read` is not called are skipped (seeked over when
+    the stream can seek).
     """
     first = stream.read(BLOCK)
     if first.startswith(COMPRESSED_MAGIC):
@@ -49,6 +64,8 @@ def _plain_members(stream: IO[bytes], header: bytes) -> Iterator[Member]:
         size = pax_size if pax_size is not None else size
         padding = -size % BLOCK
         if kind in (b"L", b"x"):
+            if size > MAX_HEADER_BYTES:
+                raise tarfile.ReadError(f"a long-name or pax header of {size:,} bytes (at most {MAX_HEADER_BYTES:,})")
             data = _read_exactly(stream, size + padding)[:size]
             if kind == b"L":
                 long_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
@@ -126,7 +143,14 @@ class _MemberReader:
 
 
 def _read_exactly(stream: IO[bytes], count: int) -> bytes:
-    data = stream.read(count)
+    if count <= CHUNK:
+        data = stream.read(count)
+    else:  # one read(count) would allocate `count` bytes first, however few the stream holds
+        chunks, remaining = [], count
+        while remaining and (chunk := stream.read(min(remaining, CHUNK))):
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
     if len(data) < count:
         raise tarfile.ReadError("unexpected end of data")
     return data
@@ -162,8 +186,20 @@ def _tarfile_members(stream: IO[bytes]) -> Iterator[Member]:
     with tarfile.open(fileobj=stream, mode="r|*") as tar:
         for info in tar:
             if info.isreg():
-                yield info.name, lambda info=info: tar.extractfile(info).read()
+                yield info.name, _TarfileRead(tar, info)
             tar.members = []  # streaming mode keeps every TarInfo otherwise: memory grows with the shard
+
+
+class _TarfileRead:
+    """The `read` of one member of a compressed tar."""
+
+    __slots__ = ("tar", "info", "size")
+
+    def __init__(self, tar: tarfile.TarFile, info: tarfile.TarInfo) -> None:
+        self.tar, self.info, self.size = tar, info, info.size
+
+    def __call__(self) -> bytes:
+        return _read_exactly(self.tar.extractfile(self.info), self.size)  # in chunks: a size is no promise
 
 
 class _Prepended(io.RawIOBase):

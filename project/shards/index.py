@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from project.data.samples import read_samples
+from project.data.samples import REFUSED, read_samples
 from project.data.shards import SHARD_SUFFIXES, Shard, ShardIndex, read_index, resolve_shards, write_index
 from project.errors import ShardError, UserError
 from project.shards.sources import labels_to_classes
@@ -42,6 +42,9 @@ def scan_shard(url: str, verify_images: bool = True) -> ShardReport:
         for sample in read_samples(url, extensions=WANTED_EXTENSIONS):
             count += 1
             key = sample["__key__"]
+            if REFUSED in sample:
+                problems.append(f"{key}: {sample[REFUSED]}")
+                continue
             image = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if image is None and "npy" not in sample and "txt" in sample and "cls" in sample:
                 problems += [f"{key}: {problem}" for problem in text_sample_problems(sample, labels)]

@@ -25,7 +25,7 @@ from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 
-from project.data.samples import read_samples
+from project.data.samples import REFUSED, read_samples
 from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
@@ -50,6 +50,9 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
     unreadable: list[str] = []
     for shard in index.shards:
         for sample in read_samples(shard.url):
+            if REFUSED in sample:  # a member over data.max_member_bytes, left unread
+                unreadable.append(f"{sample['__key__']}: {sample[REFUSED]}")
+                continue
             try:
                 label = decode_label(sample, classes)
                 name = classes[label] if classes and label < len(classes) else str(label)
