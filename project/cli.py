@@ -17,12 +17,13 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from project.callbacks.preemption import PreemptionCheckpoint
 from project.callbacks.report import TensorBoardReport
 from project.callbacks.skipped import SkippedSamples
 from project.data.datamodule import ShardDataModule
+from project.data.redact import redact_value
 from project.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -87,6 +88,7 @@ class ProjectCLI(LightningCLI):
             run=False,
             args=[arg for arg in given if arg not in ("-h", "--help")] if self.help_requested else args,
             parser_kwargs=parser_kwargs,
+            save_config_callback=RedactedSaveConfig,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # the model's configure_optimizers reads its own arguments
             **kwargs,
@@ -151,6 +153,17 @@ class ProjectCLI(LightningCLI):
         self.config.ckpt_path = str(latest / "checkpoints" / "last.ckpt")
         init_args.version = int(latest.name.split("_", 1)[1])
         print(f"resuming {self.config.ckpt_path}", file=sys.stderr)
+
+
+class RedactedSaveConfig(SaveConfigCallback):
+    """Saves config.yaml with secrets in URLs (`user:token@`, presigned query values) shown as ***: the run
+    read the real URLs, a rerun from this file needs them given again (`--data.train URL`)."""
+
+    def __init__(self, parser: LightningArgumentParser, config: Any, *args: Any, **kwargs: Any) -> None:
+        config = config.clone()
+        for key, value in config.items():
+            config[key] = redact_value(value)
+        super().__init__(parser, config, *args, **kwargs)
 
 
 class ConfigOnlyCLI(ProjectCLI):

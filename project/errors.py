@@ -7,7 +7,10 @@ ordinary exceptions and keep their tracebacks.
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable
+
+from project.data.redact import redact_text
 
 
 class UserError(Exception):
@@ -62,12 +65,14 @@ def user_error_in(error: BaseException) -> UserError | None:
 
 
 def run_main(main: Callable[[], object]) -> None:
-    """Run an entry point, turning a `UserError` into one line on stderr and exit code 2."""
+    """Run an entry point, turning a `UserError` into one line on stderr and exit code 2. Secrets in URLs
+    are redacted from that line, and from the traceback of any other error (exit code 1)."""
     try:
         main()
     except Exception as error:
         found = user_error_in(error)
         if found is None:
-            raise
-        print(f"error: {one_line(found)}", file=sys.stderr)
+            print(redact_text("".join(traceback.format_exception(error))), end="", file=sys.stderr)
+            raise SystemExit(1) from None
+        print(f"error: {redact_text(one_line(found))}", file=sys.stderr)
         raise SystemExit(2) from None

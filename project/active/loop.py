@@ -28,6 +28,7 @@ from project.active.atomic import replace_atomically, write_json
 from project.active.oracle import REQUEST, read_answers, write_request
 from project.active.strategies import Selected, Strategy, make_strategy
 from project.data.loader import EpochLoader
+from project.data.redact import redact
 from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
 from project.data.stream import ShardStream
 from project.errors import UserError
@@ -165,7 +166,7 @@ class ActiveLoop:
             with open(temporary, "w", newline="") as stream:
                 writer = csv.writer(stream)
                 writer.writerow(["key", "shard", "score"])
-                writer.writerows([item.key, item.url, repr(item.score)] for item in selected)
+                writer.writerows([item.key, redact(item.url), repr(item.score)] for item in selected)
 
         replace_atomically(path, write)
         return selected

@@ -21,6 +21,7 @@ from project.data.files import is_plain_folder, pack_folder
 from project.data.health import SkipLedger
 from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
+from project.data.redact import redact_hparams
 from project.data.samples import MAX_MEMBER_BYTES, Sample
 from project.data.shards import Shard, ShardIndex, resolve_shards
 from project.data.stream import ShardStream
@@ -101,6 +102,7 @@ class ShardDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        redact_hparams(self)  # URLs' secrets stay out of hparams.yaml, TensorBoard and checkpoints
         check_positive(batch_size=batch_size, shuffle_buffer=shuffle_buffer, prefetch_factor=prefetch_factor)
         check_positive(cache_gb=cache_gb, max_member_bytes=max_member_bytes)
         if num_workers < 0:
@@ -118,8 +120,7 @@ class ShardDataModule(L.LightningDataModule):
         self.fraction, self.prefetch_factor, self.max_skipped_fraction = fraction, prefetch_factor, max_skipped_fraction
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
-        self.worker_start = worker_start
-        self.bucket_by_size, self.max_member_bytes = bucket_by_size, max_member_bytes
+        self.worker_start, self.bucket_by_size, self.max_member_bytes = worker_start, bucket_by_size, max_member_bytes
         if num_workers > 0 and worker_start == "forkserver":
             # it imports the stream and this task while the trainer sets up; the first workers need it
             start_forkserver([type(self).__module__])

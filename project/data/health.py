@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from project.data.batch import Skipped
+from project.data.redact import redact, redact_text
 from project.errors import ShardError
 
 log = logging.getLogger("project.data")
@@ -46,10 +47,11 @@ class SkipLedger:
         if now - self.last_warning >= self.warn_every:
             url, key, reason = skipped[-1]
             more = f" ({self.unwarned - 1} more skipped since the last warning)" if self.unwarned > 1 else ""
+            reason, url = redact_text(reason), redact(url)
             log.warning("skipped unreadable %s sample %s in %s: %s%s", self.stage, key, url, reason, more)
             self.last_warning, self.unwarned = now, 0
         if self.skipped > self.max_fraction * self.planned:
-            worst = ", ".join(f"{url} ({count})" for url, count in self.by_shard.most_common(3))
+            worst = ", ".join(f"{redact(url)} ({count})" for url, count in self.by_shard.most_common(3))
             raise ShardError(
                 f"{self.skipped} of the {self.planned} {self.stage} samples of this epoch are unreadable, "
                 f"more than data.max_skipped_fraction={self.max_fraction:g}; worst shards: {worst}"

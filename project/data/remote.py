@@ -7,6 +7,7 @@ No shell for plain urls: webdataset's gopen hands http urls to `curl` through a 
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import time
@@ -15,7 +16,7 @@ import urllib.request
 from http.client import HTTPException, HTTPResponse
 from pathlib import Path
 from typing import IO
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 from project.errors import ShardError, UserError
 
@@ -35,6 +36,17 @@ def local_path(url: str) -> str:
     return urlparse(url).path if url.startswith("file:") else url
 
 
+def without_userinfo(url: str) -> tuple[str, str | None]:
+    """(the url without `user:password@`, the Basic Authorization header it stood for, or None): urllib
+    would take the userinfo for part of the host name."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url, None
+    credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=netloc)), "Basic " + base64.b64encode(credentials).decode("ascii")
+
+
 class HTTPStream(io.RawIOBase):
     """A readable http(s) body that reconnects after a dropped connection, with a Range request from
     the byte it had reached: no byte is read twice or lost, so no sample is duplicated or dropped."""
@@ -42,11 +54,14 @@ class HTTPStream(io.RawIOBase):
     def __init__(self, url: str, retries: int = 5, timeout: float = 60.0) -> None:
         self.url, self.retries, self.timeout = url, retries, timeout
         self.position = 0
+        self.target, self.auth = without_userinfo(url)
         self.response = self._connect()
 
     def _connect(self) -> HTTPResponse:
         headers = {"Range": f"bytes={self.position}-"} if self.position else {}
-        request = urllib.request.Request(self.url, headers=headers)
+        if self.auth:
+            headers["Authorization"] = self.auth
+        request = urllib.request.Request(self.target, headers=headers)
         response = urllib.request.urlopen(request, timeout=self.timeout)  # noqa: S310 (http(s) only, checked)
         if self.position and response.status != 206:  # no Range support: read up to where we were
             remaining = self.position
@@ -120,8 +135,8 @@ def cached(url: str, cache_dir: Path, max_bytes: int | None) -> Path:
     """The local copy of `url` in `cache_dir`, downloaded once; the least recently used copies are
     removed to keep the folder under `max_bytes`."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    parsed = urlparse(url)
-    name = f"{parsed.netloc}{parsed.path}".replace("/", "_").replace(":", "_")
+    parsed = urlparse(url)  # no userinfo or query in the name: no secret on disk, one copy per object
+    name = f"{parsed.netloc.rsplit('@', 1)[-1]}{parsed.path}".replace("/", "_").replace(":", "_")
     target = cache_dir / name
     if target.exists():
         os.utime(target)  # mark as recently used

@@ -18,10 +18,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import braceexpand
 
+from project.data.redact import redact, redact_text
 from project.data.remote import is_remote, local_path, open_url
 from project.data.samples import count_samples
 from project.errors import ShardError, UserError
@@ -55,11 +56,18 @@ class ShardIndex:
 
 
 def _resolve_url(url: str, base: str) -> str:
-    """Resolve a shard url from an index against the index's own folder (or URL)."""
+    """Resolve a shard url from an index against the index's own folder (or URL).
+
+    A relative url in a remote index also takes the index URL's query string when it has none of its own:
+    the token of a store that signs a whole prefix (an Azure container SAS, a CDN token) reaches every
+    shard. A store that signs each object (S3 or GCS presigned URLs) needs each shard's own signed URL in
+    the index: absolute urls, and urls with their own query, are used as they are.
+    """
     if is_remote(url) or os.path.isabs(local_path(url)):
         return url
     if is_remote(base):
-        return urljoin(base, url)
+        joined, query = urljoin(base, url), urlsplit(base).query
+        return f"{joined}?{query}" if query and not urlsplit(joined).query else joined
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(local_path(base))), url))
 
 
@@ -73,15 +81,15 @@ def read_index(url: str, check_exists: bool = True) -> ShardIndex:
     try:
         text = _read_text(url)
     except FileNotFoundError:
-        raise UserError(f"shard index not found: {url}") from None
+        raise UserError(f"shard index not found: {redact(url)}") from None
     except OSError as error:
-        raise UserError(f"cannot read shard index {url}: {error}") from None
+        raise UserError(f"cannot read shard index {redact(url)}: {redact_text(str(error))}") from None
     try:
         data = json.loads(text)
         entries = data["shardlist"]
         shards = [Shard(_resolve_url(str(e["url"]), url), int(e["nsamples"]), e.get("filesize")) for e in entries]
     except (ValueError, KeyError, TypeError) as error:
-        raise UserError(f"{url} is not a shard index ({INDEX_KIND} with a 'shardlist'): {error!r}") from None
+        raise UserError(f"{redact(url)} is not a shard index ({INDEX_KIND} with a 'shardlist'): {error!r}") from None
     if check_exists:
         for shard in shards:
             if not is_remote(shard.url) and not os.path.exists(local_path(shard.url)):
@@ -162,7 +170,7 @@ def _resolve_paths(urls: list[str], pattern: str, count: Callable[[str], int]) -
     if any(is_remote(url) for url in urls):
         raise UserError(
             f"remote shards need a shard index to know their sizes: pass the URL of its {INDEX_NAME} "
-            f"instead of {pattern!r}"
+            f"instead of {redact(pattern)!r}"
         )
     missing = [url for url in urls if not os.path.isfile(local_path(url))]
     if missing:
@@ -179,7 +187,7 @@ def _resolve_paths(urls: list[str], pattern: str, count: Callable[[str], int]) -
 
 def _resolve_one(spec: str, count: Callable[[str], int]) -> ShardIndex:
     spec = os.path.expanduser(spec)
-    if spec.endswith(".json"):
+    if (urlsplit(spec).path if is_remote(spec) else spec).endswith(".json"):  # a presigned index has a query
         return read_index(spec)
     if is_remote(spec):
         return _resolve_pattern(spec, count)
