@@ -97,6 +97,21 @@ def test_the_device_path_refuses_a_bomb_in_the_worker():
     assert shards.decode(sample("jpg", small("JPEG")), "train").jpeg is not None  # a normal JPEG goes on
 
 
+def test_the_device_paths_pil_fallback_uses_the_configured_bound():
+    import torch
+
+    from project.tasks.image.data import ImageShards
+    from project.tasks.image.device_decode import decode_on_device
+
+    not_a_jpeg = small("PNG")  # the device decoder fails on it, so PIL on the CPU takes over
+    images, failures = decode_on_device([not_a_jpeg], torch.device("cpu"), max_pixels=100)
+    assert images == [None] and "over data.max_image_pixels (100)" in failures[0]
+    images, failures = decode_on_device([not_a_jpeg], torch.device("cpu"))
+    assert not failures and images[0].shape == (3, 16, 16)
+    shards = ImageShards(decode_on="device", root="unused", classes=["a", "b"], max_image_pixels=100)
+    assert shards.device_decoder.max_pixels == 100
+
+
 def test_a_bad_bound_is_a_one_line_error():
     from project.errors import UserError
     from project.tasks.image.data import ImageShards

@@ -78,7 +78,7 @@ class ImageShards(ClassNames, ShardDataModule):
             stage: build_transform(augment, image_size, train=stage == "train")
             for stage in ("train", "val", "test", "predict")
         }
-        self.device_decoder = DeviceDecoder(augment, image_size) if decode_on == "device" else None
+        self.device_decoder = DeviceDecoder(augment, image_size, max_image_pixels) if decode_on == "device" else None
         self._classes = classes
 
     def prepare_missing(self) -> None:

@@ -26,7 +26,7 @@ from torchvision.transforms import v2
 from project.data.batch import Skipped
 from project.errors import DecodeError
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch
-from project.tasks.image.decode import decode_image
+from project.tasks.image.decode import MAX_IMAGE_PIXELS, decode_image
 from project.tasks.image.transforms import Preset, build_transform, to_uint8_tensor
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; decode_jpeg still works
@@ -41,8 +41,8 @@ class DeviceDecoder:
         image_size: side of the square images the model sees.
     """
 
-    def __init__(self, preset: Preset, image_size: int) -> None:
-        self.image_size = image_size
+    def __init__(self, preset: Preset, image_size: int, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:
+        self.image_size, self.max_pixels = image_size, max_pixels
         train_steps = list(build_transform(preset, image_size, train=True).transforms)
         crop = next((s for s in train_steps if isinstance(s, v2.RandomResizedCrop)), None)
         flip = next((s for s in train_steps if isinstance(s, v2.RandomHorizontalFlip)), None)
@@ -56,7 +56,7 @@ class DeviceDecoder:
         """The batch with every image decoded (uint8 [B, 3, S, S] on the device), and the samples whose
         JPEG could not be decoded (left out of it)."""
         device = batch.label.device
-        decoded, failures = decode_on_device(batch.jpegs, device)
+        decoded, failures = decode_on_device(batch.jpegs, device, self.max_pixels)
         skipped = [Skipped(batch.jpeg_urls[i], batch.keys[batch.jpeg_rows[i]], failures[i]) for i in sorted(failures)]
         images = [image for image in decoded if image is not None]
         rows = [row for row, image in zip(batch.jpeg_rows, decoded, strict=True) if image is not None]
@@ -105,10 +105,12 @@ class DeviceDecoder:
         return output
 
 
-def decode_on_device(encoded: list[bytes], device: torch.device) -> tuple[list[torch.Tensor | None], dict[int, str]]:
+def decode_on_device(
+    encoded: list[bytes], device: torch.device, max_pixels: int | None = MAX_IMAGE_PIXELS
+) -> tuple[list[torch.Tensor | None], dict[int, str]]:
     """Decode JPEGs to uint8 RGB CHW tensors on `device`: one batched call, then one at a time (and
-    PIL on the CPU) for a batch that fails. Returns the images (None where undecodable) and the
-    reasons of the failures by position."""
+    PIL on the CPU, with the same pixel bound the worker checked) for a batch that fails. Returns the
+    images (None where undecodable) and the reasons of the failures by position."""
     tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in encoded]
     try:
         return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)), {}
@@ -122,7 +124,7 @@ def decode_on_device(encoded: list[bytes], device: torch.device) -> tuple[list[t
         except RuntimeError:
             pass
         try:
-            images.append(to_uint8_tensor(decode_image(data)).to(device))
+            images.append(to_uint8_tensor(decode_image(data, max_pixels=max_pixels)).to(device))
         except (OSError, ValueError) as error:
             images.append(None)
             failures[position] = f"cannot decode the JPEG on {device} nor with PIL: {error}"
