@@ -16,6 +16,7 @@ from project.data.loader import EpochLoader
 from project.data.shards import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import DecodeError
+from project.tasks.image import decode
 from project.tasks.image.decode import decode_image, decode_jpeg_pixels, decode_label, decode_sample, jpeg_size
 
 from .conftest import image_task, jpeg
@@ -111,11 +112,17 @@ def test_small_jpegs_decode_through_libjpeg_turbo_to_the_same_pixels_as_pil(mode
     assert torch.equal(fast, reference)
 
 
-def test_large_jpegs_keep_pils_draft_mode_and_broken_ones_are_reported_by_pil():
+def test_large_jpegs_decode_at_a_reduced_scale_and_broken_ones_are_reported_by_pil(monkeypatch):
     large = _jpeg_bytes("RGB", 160, 120)
-    assert decode_jpeg_pixels(large, 32) is None  # 120 >= 2 x 32: PIL decodes it at 1/2 scale
+    fast = decode_jpeg_pixels(large, 32)  # 120 >= 2 x 32, but not 4 x 32: 1/2 scale, PIL's draft pixels
+    assert fast.shape == (3, 60, 80)
+    assert torch.equal(fast, torch.from_numpy(np.array(decode_image(large, 32))).permute(2, 0, 1))
+    assert decode_jpeg_pixels(large, 16).shape == (3, 30, 40) and decode_jpeg_pixels(large, 15).shape == (3, 15, 20)
+    monkeypatch.setattr(decode, "simplejpeg", None)  # without simplejpeg: PIL's draft mode does it
+    assert decode_jpeg_pixels(large, 32) is None
     image, _ = decode_sample({"__key__": "k", "jpg": large, "cls": b"1"}, size=32)
     assert image.size == (80, 60)
+    monkeypatch.undo()
     truncated = _jpeg_bytes("RGB", 50, 40)[:300]
     assert decode_jpeg_pixels(truncated, 32) is None
     with pytest.raises(DecodeError, match="cannot decode sample 'k'"):

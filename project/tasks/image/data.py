@@ -3,6 +3,7 @@ and augmented in the DataLoader workers (or decoded on the training device), bat
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +15,7 @@ from project.data.stream import ShardStream
 from project.errors import DecodeError
 from project.tasks.demos import build_once, uses_folder
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch, ImageExample
+from project.tasks.image.crops import CropFlip, hwc
 from project.tasks.image.decode import (
     ARRAY_EXTENSIONS,
     IMAGE_EXTENSIONS,
@@ -44,8 +46,9 @@ class ImageShards(ClassNames, ShardDataModule):
 
     Args:
         image_size: side of the square images the model sees.
-        augment: training augmentation preset: none, light, standard or strong (torchvision.transforms.v2);
-            validation and test resize and center-crop.
+        augment: training augmentation preset: none, light, standard or strong (torchvision.transforms.v2;
+            the random resized crop and flip run batched, see crops.py); validation and test resize and
+            center-crop.
         classes: class names, when the shard index does not record them.
         decode_on: where JPEGs are decoded: cpu (in the DataLoader workers) or device (on the training
             device after the batch reaches it, with torchvision's decode_jpeg: nvJPEG on CUDA); see
@@ -79,6 +82,11 @@ class ImageShards(ClassNames, ShardDataModule):
             for stage in ("train", "val", "test", "predict")
         }
         self.device_decoder = DeviceDecoder(augment, image_size, max_image_pixels) if decode_on == "device" else None
+        # the training crop and flip, batched (crops.py); torchvision runs the preset's other steps per sample
+        self.crop_flip, self.train_rest = CropFlip.split(self.transforms["train"])
+        # decode at a reduced JPEG scale only while the smallest usual crop still covers image_size
+        smallest = self.crop_flip.scale[0] if self.crop_flip else 1.0
+        self.decode_sizes = {"train": math.ceil(image_size / math.sqrt(smallest))}
         self._classes = classes
 
     def prepare_missing(self) -> None:
@@ -107,14 +115,20 @@ class ImageShards(ClassNames, ShardDataModule):
                     except ValueError as error:
                         raise DecodeError.of(sample, error) from None
                 return ImageExample(label, jpeg=sample[extension], url=sample["__url__"])
-        image, label = decode_sample(sample, self.image_size, self.classes, need_label, self.max_image_pixels)
+        size = self.decode_sizes.get(stage, self.image_size)
+        image, label = decode_sample(sample, size, self.classes, need_label, self.max_image_pixels)
         return ImageExample(label, pixels(image))
 
     def collate(self, examples: list[ImageExample], stage: str) -> ImageBatch:
         """Transform the decoded images (as one batch when the transform is deterministic) and stack them."""
         decoded = [row for row, example in enumerate(examples) if example.pixels is not None]
         images = [examples[row].pixels for row in decoded]
-        transformed = transform_all(self.transforms[stage], images) if images else None
+        if images and stage == "train" and self.crop_flip is not None:
+            transformed = self.crop_flip([hwc(image) for image in images])
+            if self.train_rest is not None:
+                transformed = torch.stack([self.train_rest(image) for image in transformed])
+        else:
+            transformed = transform_all(self.transforms[stage], images) if images else None
         label = torch.tensor([example.label for example in examples], dtype=torch.long)
         if len(decoded) == len(examples):
             return ImageBatch(image=transformed, label=label)

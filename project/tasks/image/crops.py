@@ -1,0 +1,118 @@
+"""The training crop and flip of a whole batch, at a fraction of torchvision's per-sample cost.
+
+torchvision's v2 `RandomResizedCrop` + `RandomHorizontalFlip` cost 100-400 us a sample, mostly Python and
+dispatch: each sample draws its box with up to ten tries of scalar torch ops, then resizes through a
+generic kernel. Here the boxes of the whole batch are drawn at once (numpy, the same rule as torchvision's
+`get_params`), and each crop is resized by OpenCV on a view of the decoded pixels: a few us at 32 px and
+about a third of torchvision's time at 224 (benchmarks/augment_cost.py).
+
+Resampling: bilinear while a crop shrinks by at most 2x (each output pixel still averages its 2x2
+neighbours, as torchvision's tensor resize did without antialiasing before 0.17), and OpenCV's area
+filter beyond that (antialiased); upscaling is bilinear. The randomness comes from torch's default
+generator, which the stream seeds per batch: the same crops on every run and after a resume.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torchvision.transforms import v2
+
+try:  # opencv-python-headless is a dependency; without it the crops resize through torch
+    import cv2
+
+    cv2.setNumThreads(1)  # a DataLoader worker is one process of several: no thread pool per resize
+except ImportError:  # pragma: no cover - exercised by monkeypatching `cv2` to None in the tests
+    cv2 = None
+
+AREA_BEYOND = 2.0  # shrink factor past which the area filter (antialiased) replaces bilinear
+
+
+class CropFlip:
+    """RandomResizedCrop(size, scale, ratio) then a horizontal flip with probability `flip`, for a batch.
+
+    Call it with HWC uint8 RGB arrays (any sizes); it returns the uint8 batch [N, 3, size, size] in
+    channels-last memory (what the model's channels_last option wants, and no copy to make it NCHW).
+    """
+
+    def __init__(self, size: int, scale: tuple[float, float], ratio: tuple[float, float], flip: float) -> None:
+        self.size, self.scale, self.ratio, self.flip = size, tuple(scale), tuple(ratio), flip
+
+    @classmethod
+    def split(cls, transform: v2.Compose) -> tuple[CropFlip | None, v2.Compose | None]:
+        """(the fast crop and flip, the steps left for torchvision per sample) of a training transform
+        whose first step is a RandomResizedCrop; (None, transform) for any other."""
+        steps = list(transform.transforms)
+        bilinear = steps and getattr(steps[0], "interpolation", None) in ("bilinear", v2.InterpolationMode.BILINEAR)
+        if not bilinear or not isinstance(steps[0], v2.RandomResizedCrop):
+            return None, transform
+        crop, rest, flip = steps[0], steps[1:], 0.0
+        if rest and isinstance(rest[0], v2.RandomHorizontalFlip):
+            flip, rest = rest[0].p, rest[1:]
+        return cls(crop.size[0], crop.scale, crop.ratio, flip), (v2.Compose(rest) if rest else None)
+
+    def boxes(self, generator: np.random.Generator, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+        """(top, left, height, width) per image: torchvision's rule, ten tries a box, drawn for all at once."""
+        count, tries = len(heights), 10
+        area = (heights * widths).astype(np.float64)[:, None]
+        target = area * generator.uniform(self.scale[0], self.scale[1], (count, tries))
+        log_ratio = np.log(self.ratio)
+        aspect = np.exp(generator.uniform(log_ratio[0], log_ratio[1], (count, tries)))
+        w = np.round(np.sqrt(target * aspect)).astype(np.int64)
+        h = np.round(np.sqrt(target / aspect)).astype(np.int64)
+        fits = (w > 0) & (w <= widths[:, None]) & (h > 0) & (h <= heights[:, None])
+        first = fits.argmax(axis=1)
+        rows = np.arange(count)
+        h, w = h[rows, first], w[rows, first]
+        # no try fits: the whole image, cropped to the nearest allowed aspect ratio, centered (torchvision's)
+        image_ratio = widths / heights
+        fallback_w = np.where(image_ratio > self.ratio[1], np.round(heights * self.ratio[1]), widths).astype(np.int64)
+        fallback_h = np.where(image_ratio < self.ratio[0], np.round(widths / self.ratio[0]), heights).astype(np.int64)
+        found = fits.any(axis=1)
+        h, w = np.where(found, h, fallback_h), np.where(found, w, fallback_w)
+        top = np.where(found, (generator.random(count) * (heights - h + 1)).astype(np.int64), (heights - h) // 2)
+        left = np.where(found, (generator.random(count) * (widths - w + 1)).astype(np.int64), (widths - w) // 2)
+        return np.stack([top, left, h, w], axis=1)
+
+    def __call__(self, images: list[np.ndarray]) -> torch.Tensor:
+        generator = np.random.default_rng(int(torch.randint(2**62, ())))  # from the batch's seeded generator
+        heights = np.array([image.shape[0] for image in images])
+        widths = np.array([image.shape[1] for image in images])
+        boxes = self.boxes(generator, heights, widths)
+        flips = generator.random(len(images)) < self.flip
+        out = np.empty((len(images), self.size, self.size, 3), dtype=np.uint8)
+        for row, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
+            resize(image[top : top + height, left : left + width], self.size, out=out[row])
+            if flips[row]:
+                flip(out[row])
+        return torch.from_numpy(out).permute(0, 3, 1, 2)
+
+
+def resize(crop: np.ndarray, size: int, out: np.ndarray | None = None) -> np.ndarray:
+    """An HWC uint8 crop resized to size x size (into `out` if given): bilinear, or the area filter past
+    a 2x shrink."""
+    if out is None:
+        out = np.empty((size, size, 3), dtype=np.uint8)
+    if cv2 is None:
+        tensor = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1)[None]
+        shrinking = min(crop.shape[:2]) > size
+        resized = torch.nn.functional.interpolate(tensor, (size, size), mode="bilinear", antialias=shrinking)
+        out[...] = resized[0].permute(1, 2, 0).numpy()
+        return out
+    shrink = min(crop.shape[0], crop.shape[1]) / size
+    interpolation = cv2.INTER_AREA if shrink > AREA_BEYOND else cv2.INTER_LINEAR
+    return cv2.resize(crop, (size, size), dst=out, interpolation=interpolation)
+
+
+def flip(image: np.ndarray) -> None:
+    """Mirror an HWC image left to right, in place (numpy's reversed-stride copy is 8x slower)."""
+    if cv2 is None:
+        image[...] = image[:, ::-1].copy()
+    else:
+        cv2.flip(image, 1, dst=image)
+
+
+def hwc(image: torch.Tensor) -> np.ndarray:
+    """A decoded CHW uint8 tensor as an HWC array: a view when it came from HWC memory (simplejpeg, PIL)."""
+    array = image.permute(1, 2, 0).numpy()
+    return array if array.strides[2] == 1 and array.strides[1] == 3 else np.ascontiguousarray(array)
