@@ -179,3 +179,11 @@ def _tiny_tar() -> bytes:
         info.size = 1
         tar.addfile(info, io.BytesIO(b"1"))
     return buffer.getvalue()
+
+
+def test_relative_shards_of_an_object_store_index_join_under_its_folder():
+    from project.data.shards import _resolve_url
+
+    assert _resolve_url("train-000000.tar", "s3://bucket/train/shardindex.json") == "s3://bucket/train/train-000000.tar"
+    assert _resolve_url("../x/a.tar", "gs://b/ds/train/shardindex.json?t=1") == "gs://b/ds/x/a.tar?t=1"
+    assert _resolve_url("s3://other/a.tar", "s3://bucket/shardindex.json") == "s3://other/a.tar"

@@ -98,6 +98,48 @@ class HTTPStream(io.RawIOBase):
         super().close()
 
 
+class FsspecStream(io.RawIOBase):
+    """An fsspec file (s3://, gs://, ...) whose errors are OSErrors, so that a reader names the shard in
+    one line. The filesystem retries on its own, from the byte reached (s3fs: botocore's retries of refused
+    connections, its own of cut bodies), but gives up with its libraries' errors, which are no OSErrors
+    (botocore's EndpointConnectionError): they escaped the readers as tracebacks."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+
+    @staticmethod
+    def call(method, *args):
+        try:
+            return method(*args)
+        except Exception as error:  # builtin ones (ImportError, ValueError, a bug's TypeError) pass as they are
+            if isinstance(error, OSError) or type(error).__module__ == "builtins":
+                raise
+            raise OSError(" ".join(f"{type(error).__name__}: {error}".split())) from error
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self.file.seekable()
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self.call(self.file.read, -1 if size is None else size)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        return self.call(self.file.readinto, buffer)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.call(self.file.seek, offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.file.close()
+        super().close()
+
+
 def _open_remote(url: str) -> IO[bytes]:
     scheme = urlparse(url).scheme
     if url.startswith("pipe:"):
@@ -111,7 +153,7 @@ def _open_remote(url: str) -> IO[bytes]:
     except ImportError:  # pragma: no cover - fsspec comes with lightning
         raise UserError(f"cannot open {url}: install fsspec (and s3fs for s3://)") from None
     try:
-        return fsspec.open(url, "rb").open()
+        return FsspecStream(FsspecStream.call(fsspec.open(url, "rb").open))
     except ImportError as error:
         raise UserError(
             f"cannot open {url}: {error}; install the filesystem (pip install s3fs for s3://) "

@@ -66,9 +66,18 @@ def _resolve_url(url: str, base: str) -> str:
     if is_remote(url) or os.path.isabs(local_path(url)):
         return url
     if is_remote(base):
-        joined, query = urljoin(base, url), urlsplit(base).query
+        joined, query = _join(base, url), urlsplit(base).query
         return f"{joined}?{query}" if query and not urlsplit(joined).query else joined
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(local_path(base))), url))
+
+
+def _join(base: str, url: str) -> str:
+    """`urljoin` for any scheme: it leaves `url` unjoined for schemes it does not know (s3://, gs://), so
+    those are joined as http and get their scheme back."""
+    scheme, _, rest = base.partition("://")
+    if not rest or "://" in url or scheme in ("http", "https", "file"):
+        return urljoin(base, url)
+    return f"{scheme}://{urljoin('http://' + rest, url)[len('http://'):]}"
 
 
 def _read_text(url: str) -> str:
