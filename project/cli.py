@@ -17,8 +17,9 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from project.callbacks.atomic_checkpoint import AtomicSaveConfigCallback, check_checkpoint, use_atomic_checkpoints
 from project.callbacks.preemption import PreemptionCheckpoint
 from project.callbacks.report import TensorBoardReport
 from project.callbacks.skipped import SkippedSamples
@@ -113,6 +114,8 @@ class ProjectCLI(LightningCLI):
             without_pretrained_weights(self.config)
         if self.config.get("ckpt_path") == "last":
             self._resume_latest_run()
+        elif self.config.get("ckpt_path") and Path(self.config.ckpt_path).is_file():
+            check_checkpoint(self.config.ckpt_path)  # a torn file: one line, not torch's traceback
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         callbacks = [*callbacks, PreemptionCheckpoint(), TensorBoardReport(), SkippedSamples()]
@@ -130,7 +133,9 @@ class ProjectCLI(LightningCLI):
             if len(config["callbacks"]) < len(configured):
                 print("checkpointing off: no best.ckpt or last.ckpt is saved (the config's ModelCheckpoint "
                       "callbacks are left out)", file=sys.stderr)  # fmt: skip
-        return super()._instantiate_trainer(config, callbacks)
+        trainer = super()._instantiate_trainer(config, callbacks)
+        use_atomic_checkpoints(trainer.strategy)  # a killed save leaves the previous checkpoint, never a torn one
+        return trainer
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -152,10 +157,11 @@ class ProjectCLI(LightningCLI):
         latest = max(runs, key=lambda p: int(p.name.split("_", 1)[1]))
         self.config.ckpt_path = str(latest / "checkpoints" / "last.ckpt")
         init_args.version = int(latest.name.split("_", 1)[1])
+        check_checkpoint(self.config.ckpt_path, option="--ckpt_path last")
         print(f"resuming {self.config.ckpt_path}", file=sys.stderr)
 
 
-class RedactedSaveConfig(SaveConfigCallback):
+class RedactedSaveConfig(AtomicSaveConfigCallback):
     """Saves config.yaml with secrets in URLs (`user:token@`, presigned query values) shown as ***: the run
     read the real URLs, a rerun from this file needs them given again (`--data.train URL`)."""
 

@@ -69,7 +69,8 @@ def read_samples(
             extension = extension.lower()
             if current is not None and (extensions is None or extension in extensions):
                 if max_member_bytes is not None and read.size > max_member_bytes:
-                    current[REFUSED] = (f"member {name} declares {read.size:,} bytes, over "
+                    shown = name if name.isprintable() else ascii(name)  # a line break in a name: still one line
+                    current[REFUSED] = (f"member {shown} declares {read.size:,} bytes, over "
                                         f"data.max_member_bytes ({max_member_bytes:,})")  # fmt: skip
                     continue
                 try:

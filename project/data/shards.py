@@ -77,7 +77,7 @@ def _join(base: str, url: str) -> str:
     scheme, _, rest = base.partition("://")
     if not rest or "://" in url or scheme in ("http", "https", "file"):
         return urljoin(base, url)
-    return f"{scheme}://{urljoin('http://' + rest, url)[len('http://'):]}"
+    return f"{scheme}://{urljoin('http://' + rest, url)[len('http://') :]}"
 
 
 def _read_text(url: str) -> str:

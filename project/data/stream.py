@@ -219,7 +219,9 @@ class ShardStream(IterableDataset):
                 keys.append(sample["__key__"])
                 urls.append(sample["__url__"])
             if not examples:
-                raise ShardError(f"every sample of a batch was unreadable; the first: {skipped[0].reason}")
+                first = skipped[0]  # a stale index's reason does not name the shard
+                where = "" if first.url in first.reason else f" (in {first.url})"
+                raise ShardError(f"every sample of a batch was unreadable; the first{where}: {first.reason}")
             batch = self.task.collate(examples, self.stage)
         if not isinstance(batch, Batch):
             raise TypeError(f"{type(self.task).__name__}.collate must return a Batch, not {type(batch).__name__}")

@@ -2,23 +2,35 @@
 
 tarfile's stream mode parses every field of every header, about 30 us a member: more than half the
 cost of decoding a 32 px JPEG, so the loader ran at half its decode speed. Here a plain ustar, GNU or
-pax header costs about 4 us (name, size, type and checksum only). Compressed tars (gzip, bzip2, xz)
-still go through tarfile. Errors are `tarfile.ReadError`s, as tarfile's own would be.
+pax header costs about 4 us (name, size, type and checksum only). Compressed tars (gzip, bzip2, xz) are
+decompressed as a stream and read by the same parser. Errors are `tarfile.ReadError`s, as tarfile's own
+would be.
 
 Hostile headers cannot make it allocate: each member's `read` knows its declared `size` before reading
 (the caller refuses oversized members unread), long-name and pax headers are bounded, and data is read in
-chunks, so a header that declares gigabytes over a short file costs only the bytes really there.
+chunks, so a header that declares gigabytes over a short file costs only the bytes really there. Nor can
+they make it spin: skipping a compressed member reads (in chunks) only the bytes really there, and every
+pax record moves the parser on. (tarfile's stream mode reads a pax or long-name header whole, however
+large its gzip bomb, and skips a member that declares 2**80 bytes in 10 kB steps, for ever.)
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import io
+import lzma
 import tarfile
+import zlib
 from collections.abc import Iterator
 from typing import IO, Protocol
 
 BLOCK = 512
-COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+DECOMPRESSORS = {  # by magic number
+    b"\x1f\x8b": lambda stream: gzip.GzipFile(fileobj=stream, mode="rb"),
+    b"BZh": bz2.BZ2File,
+    b"\xfd7zXZ\x00": lzma.LZMAFile,
+}
 REGULAR_TYPES = (b"0", b"\x00", b"7")
 MAX_HEADER_BYTES = 1 << 20  # a GNU long name or a pax header: real ones are a few hundred bytes
 CHUNK = 1 << 24  # reads above this go in chunks: memory follows the bytes that exist, not a declared size
@@ -41,9 +53,11 @@ def tar_members(stream: IO[bytes]) -> Iterator[Member]:
     the stream can seek).
     """
     first = stream.read(BLOCK)
-    if first.startswith(COMPRESSED_MAGIC):
-        yield from _tarfile_members(_Prepended(first, stream))
-        return
+    for magic, decompressor in DECOMPRESSORS.items():
+        if first.startswith(magic):
+            stream = _Decompressed(decompressor(_Prepended(first, stream)))
+            first = stream.read(BLOCK)
+            break
     if not first:
         raise tarfile.ReadError("empty file")
     yield from _plain_members(stream, first)
@@ -72,7 +86,7 @@ def _plain_members(stream: IO[bytes], header: bytes) -> Iterator[Member]:
             else:
                 records = _pax_records(data)
                 long_name = records.get("path", long_name)
-                pax_size = int(records["size"]) if "size" in records else None
+                pax_size = _pax_size(records["size"]) if "size" in records else None
         elif kind in REGULAR_TYPES:
             read = _MemberReader(stream, size)
             yield (long_name if long_name is not None else name), read
@@ -98,6 +112,8 @@ def _parse_header(header: bytes) -> tuple[bytes, int, str]:
             size = int.from_bytes(size_field[1:], "big")
         else:
             size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
+        if size < 0:  # int() reads "-1" as octal too
+            raise ValueError
     except ValueError:
         raise tarfile.ReadError("invalid header: bad checksum or size") from None
     name = header[:100].split(b"\0", 1)[0]
@@ -121,11 +137,19 @@ def _pax_records(data: bytes) -> dict[str, str]:
             length = int(length_text)
         except ValueError:
             raise tarfile.ReadError("invalid pax header") from None
+        if length <= len(length_text) + 1:  # a record must move past its own length: 0 or -5 would loop
+            raise tarfile.ReadError("invalid pax header")
         record = data[position + len(length_text) + 1 : position + length - 1]
         key, _, value = record.partition(b"=")
         records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         position += length
     return records
+
+
+def _pax_size(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise tarfile.ReadError(f"invalid pax header: size {text[:30]!r}")
+    return int(text)
 
 
 class _MemberReader:
@@ -160,7 +184,10 @@ def _skip(stream: IO[bytes], count: int) -> None:
     if count <= 0:
         return
     if _seekable(stream):
-        stream.seek(count, io.SEEK_CUR)  # past the end is noticed at the end (_check_not_past_end)
+        try:
+            stream.seek(count, io.SEEK_CUR)  # past the end is noticed at the end (_check_not_past_end)
+        except (OSError, OverflowError, ValueError):  # a declared size past what a file can hold
+            raise tarfile.ReadError(f"unexpected end of data (a member declares {count:,} bytes)") from None
         return
     while count:
         chunk = stream.read(min(count, 1 << 20))
@@ -182,24 +209,25 @@ def _seekable(stream: IO[bytes]) -> bool:
     return bool(seekable and seekable())
 
 
-def _tarfile_members(stream: IO[bytes]) -> Iterator[Member]:
-    with tarfile.open(fileobj=stream, mode="r|*") as tar:
-        for info in tar:
-            if info.isreg():
-                yield info.name, _TarfileRead(tar, info)
-            tar.members = []  # streaming mode keeps every TarInfo otherwise: memory grows with the shard
+class _Decompressed:
+    """A decompressed stream, read forward only (a skip reads through), whose errors are `ReadError`s."""
 
+    __slots__ = ("file",)
+    ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)  # bad or truncated data, in each format
 
-class _TarfileRead:
-    """The `read` of one member of a compressed tar."""
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
 
-    __slots__ = ("tar", "info", "size")
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self.file.read(size)
+        except self.ERRORS as error:
+            if isinstance(error, OSError) and error.errno is not None:
+                raise  # the stream's own error (a disk, a network), not the data's
+            raise tarfile.ReadError(f"invalid compressed data: {error}") from None
 
-    def __init__(self, tar: tarfile.TarFile, info: tarfile.TarInfo) -> None:
-        self.tar, self.info, self.size = tar, info, info.size
-
-    def __call__(self) -> bytes:
-        return _read_exactly(self.tar.extractfile(self.info), self.size)  # in chunks: a size is no promise
+    def seekable(self) -> bool:
+        return False
 
 
 class _Prepended(io.RawIOBase):

@@ -115,7 +115,7 @@ def decode_jpeg_pixels(data: bytes, size: int | None = None, max_pixels: int | N
         scaled = {"min_width": width, "min_height": height} if factor > 1 else {}
         try:
             return torch.from_numpy(simplejpeg.decode_jpeg(data, "RGB", **scaled)).permute(2, 0, 1)
-        except ValueError:  # corrupt or truncated (strict): PIL decodes it or says why not
+        except (ValueError, KeyError):  # corrupt or truncated (strict): PIL decodes it or says why not
             return None
     if size is not None and min(dimensions) >= 2 * size:
         return None
@@ -132,7 +132,7 @@ def _simplejpeg_reads(data: bytes) -> bool:
     reference; torchvision's operator matches it), nor where the header is unreadable."""
     try:
         return simplejpeg.decode_jpeg_header(data)[2] not in ("CMYK", "YCCK")
-    except ValueError:
+    except (ValueError, KeyError):  # simplejpeg raises KeyError for some bad sampling factors
         return False
 
 

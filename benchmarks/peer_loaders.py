@@ -1,0 +1,235 @@
+"""The loaders `benchmarks/peers.py` compares, each built as its own documentation shows, and one epoch of any
+of them measured: samples/s, CPU time of all its processes, peak RSS, and the order of the samples' keys.
+
+Every peer decodes with `torchvision.io.decode_jpeg` (the best public decode path) and augments with the
+project's `light` preset (`build_transform("light", size, train=True)`: RandomResizedCrop with scale 0.7 to
+1, then a horizontal flip, torchvision v2), one sample at a time, in its DataLoader workers. The project's
+loader runs as `project.train` configures it with data.augment=light: the same crop and flip rule, through
+its own decode and batched crop path (project/tasks/image/decode.py and crops.py).
+
+A peer that is not installed raises `PeerMissing`, which the harness reports in its row.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torchvision
+from torchvision.io import ImageReadMode
+
+from project.data.samples import read_samples
+from project.data.shards import resolve_shards
+from project.tasks.image.transforms import build_transform
+
+LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder")
+PEER_PACKAGES = {"webdataset": "webdataset", "litdata": "litdata", "mosaic": "streaming"}  # loader: module
+WDS_SHUFFLE = 1000  # the sample shuffle buffer webdataset's README shows: .shuffle(1000)
+WDS_SHARDSHUFFLE = 100  # what webdataset turns shardshuffle=True into, as its README writes it
+
+
+class PeerMissing(RuntimeError):
+    """A peer library that is not installed: its row says "not installed"."""
+
+
+def peer_module(loader: str) -> object:
+    """The peer's package, imported now (only when its row runs)."""
+    try:
+        return importlib.import_module(PEER_PACKAGES[loader])
+    except ImportError as error:
+        raise PeerMissing(f"{loader}: not installed ({error})") from None
+
+
+def decode(data: bytes | torch.Tensor) -> torch.Tensor:
+    """JPEG bytes to a uint8 CHW RGB tensor: torchvision's public decode, the same for every peer."""
+    encoded = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return torchvision.io.decode_jpeg(encoded, mode=ImageReadMode.RGB)
+
+
+class Augment:
+    """Decode and augment one sample (picklable: it travels to the workers)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.transform = size, build_transform("light", size, train=True)
+
+    def __call__(self, jpeg: bytes | torch.Tensor) -> torch.Tensor:
+        return self.transform(decode(jpeg))
+
+
+# -- each loader, as its own documentation builds it ---------------------------------------------------
+
+
+def project_loader(shards: Path, size: int, workers: int, batch_size: int, shuffle_buffer: int, seed: int):
+    """This project's training loader: ImageShards with data.augment=light, as `project.train` builds it."""
+    from project.data.workers import warm_forkserver
+    from project.tasks import WORKER_MODULES
+    from project.tasks.image.data import ImageShards
+
+    if workers:
+        warm_forkserver(WORKER_MODULES)  # its one-time start (imports) is the training process's, not the epoch's
+    module = ImageShards(root=None, train=str(shards), num_workers=workers, batch_size=batch_size, image_size=size,
+                         augment="light", shuffle_buffer=shuffle_buffer, seed=seed, pin_memory=False)  # fmt: skip
+    return module.train_dataloader(), lambda batch: batch.keys
+
+
+class WdsSample:
+    """webdataset's map step: a sample dict to (image, label, key)."""
+
+    def __init__(self, size: int) -> None:
+        self.augment = Augment(size)
+
+    def __call__(self, sample: dict) -> tuple:
+        return self.augment(sample["jpg"]), int(sample["cls"]), sample["__key__"]
+
+
+def webdataset_loader(shards: Path, size: int, workers: int, batch_size: int, **_: object):
+    """webdataset's README: WebDataset(urls, shardshuffle=100).shuffle(1000), decode and map, .batched(B) in
+    the workers, and WebLoader(dataset, batch_size=None, num_workers=N)."""
+    wds = peer_module("webdataset")
+    urls = [shard.url for shard in resolve_shards(str(shards)).shards]
+    dataset = (wds.WebDataset(urls, shardshuffle=WDS_SHARDSHUFFLE, empty_check=False)
+               .shuffle(WDS_SHUFFLE).map(WdsSample(size)).batched(batch_size))  # fmt: skip
+    return wds.WebLoader(dataset, batch_size=None, num_workers=workers), lambda batch: batch[2]
+
+
+class LitSample:
+    """litdata's `transform=`: an optimized item {key, jpg, cls} to (image, label, key)."""
+
+    def __init__(self, size: int) -> None:
+        self.augment = Augment(size)
+
+    def __call__(self, item: dict) -> tuple:
+        return self.augment(item["jpg"]), item["cls"], item["key"]
+
+
+def litdata_loader(cache: Path, size: int, workers: int, batch_size: int, **_: object):
+    """litdata's README: StreamingDataset(optimized folder, shuffle=True) and StreamingDataLoader."""
+    litdata = peer_module("litdata")
+    dataset = litdata.StreamingDataset(str(cache / "litdata"), shuffle=True, transform=LitSample(size))
+    loader = litdata.StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers)
+    return loader, lambda batch: batch[2]
+
+
+def mosaic_dataset_class() -> type:
+    streaming = peer_module("mosaic")
+
+    class MosaicImages(streaming.StreamingDataset):
+        """mosaicml-streaming's documented pattern: subclass StreamingDataset and transform in __getitem__."""
+
+        def __init__(self, size: int, **kwargs: object) -> None:
+            super().__init__(**kwargs)
+            self.augment = Augment(size)
+
+        def __getitem__(self, index: int) -> tuple:
+            item = super().__getitem__(index)
+            return self.augment(item["jpg"]), item["cls"], item["key"]
+
+    return MosaicImages
+
+
+def mosaic_loader(cache: Path, size: int, workers: int, batch_size: int, **_: object):
+    """mosaicml-streaming: StreamingDataset(local=MDS folder, shuffle=True, batch_size=B), its default shuffle
+    algorithm (py1e), in a torch DataLoader."""
+    from torch.utils.data import DataLoader
+
+    dataset = mosaic_dataset_class()(size, local=str(cache / "mosaic"), shuffle=True, batch_size=batch_size)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=workers), lambda batch: batch[2]
+
+
+def read_jpeg(path: str) -> torch.Tensor:
+    return torchvision.io.read_file(path)
+
+
+class KeyedImageFolder(torchvision.datasets.ImageFolder):
+    """ImageFolder whose items also carry the sample's key (the file's name without its extension)."""
+
+    def __getitem__(self, index: int) -> tuple:
+        image, label = super().__getitem__(index)
+        return image, label, Path(self.samples[index][0]).stem
+
+
+def imagefolder_loader(cache: Path, size: int, workers: int, batch_size: int, **_: object):
+    """torchvision's ImageFolder (files read with read_file, decoded with decode_jpeg) and a shuffled DataLoader."""
+    from torch.utils.data import DataLoader
+
+    dataset = KeyedImageFolder(str(cache / "imagefolder"), loader=read_jpeg, transform=Augment(size))
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers), lambda batch: batch[2]
+
+
+BUILDERS: dict[str, Callable] = {
+    "project": project_loader,
+    "webdataset": webdataset_loader,
+    "litdata": litdata_loader,
+    "mosaic": mosaic_loader,
+    "imagefolder": imagefolder_loader,
+}
+
+
+# -- one epoch, measured ---------------------------------------------------------------------------------
+
+
+class Processes:
+    """CPU seconds and summed RSS of this process and its descendants (DataLoader workers, a forkserver),
+    read from /proc/<pid>/stat each time a batch arrives: a worker's CPU time is complete when its last
+    batch arrives. The RSS sum counts pages shared between processes once per process: an upper bound."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.me = psutil.Process()
+        self.ticks, self.page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+        self.pids = [self.me.pid] + [child.pid for child in self.me.children(recursive=True)]
+        self.start = {pid: self._stat(pid)[0] for pid in self.pids}  # CPU already spent before the epoch
+        self.last: dict[int, float] = dict(self.start)
+        self.peak_rss, self.listed = 0, 0.0
+
+    def _stat(self, pid: int) -> tuple[float, int]:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.ticks, int(fields[21]) * self.page
+
+    def sample(self) -> None:
+        if time.perf_counter() - self.listed > 0.5:  # new workers; listing every process costs milliseconds
+            self.pids = [self.me.pid] + [child.pid for child in self.me.children(recursive=True)]
+            self.listed = time.perf_counter()
+        rss = 0
+        for pid in self.pids:
+            try:
+                self.last[pid], resident = self._stat(pid)
+            except (OSError, IndexError):
+                continue  # exited
+            rss += resident
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def cpu_seconds(self) -> float:
+        return sum(cpu - self.start.get(pid, 0.0) for pid, cpu in self.last.items())
+
+
+def run_epoch(loader: str, shards: Path, cache: Path, size: int, workers: int, batch_size: int,
+              shuffle_buffer: int = 1000, seed: int = 0) -> dict:  # fmt: skip
+    """One full shuffled epoch of `loader`: samples/s from iter() to the last batch, CPU microseconds per
+    sample of all its processes, their peak summed RSS in MB, and the keys in the order they came."""
+    where = shards if loader in ("project", "webdataset") else cache
+    batches, keys_of = BUILDERS[loader](where, size=size, workers=workers, batch_size=batch_size,
+                                        shuffle_buffer=shuffle_buffer, seed=seed)  # fmt: skip
+    processes = Processes()
+    keys: list[str] = []
+    start = time.perf_counter()
+    for batch in batches:
+        keys.extend(keys_of(batch))
+        processes.sample()
+    seconds = time.perf_counter() - start
+    del batches
+    return {"loader": loader, "samples": len(keys), "seconds": seconds, "rate": len(keys) / seconds,
+            "cpu_us": processes.cpu_seconds() / max(1, len(keys)) * 1e6,
+            "peak_rss_mb": processes.peak_rss / 2**20, "keys": keys}  # fmt: skip
+
+
+def stored_samples(shards: Path) -> Iterable[dict]:
+    """The set's samples in stored order (shards in index order)."""
+    for shard in resolve_shards(str(shards)).shards:
+        yield from read_samples(shard.url)

@@ -1,0 +1,204 @@
+"""This project's train loader against its peers, side by side, on the same images and augmentation.
+
+    python benchmarks/peers.py [--workers 2] [--batch-size 128] [--repeats 3] [--sizes 32:32,256:224]
+                               [--loaders project,webdataset,litdata,mosaic,imagefolder] [--json PATH]
+
+For each size (stored px : trained px) it runs one full shuffled epoch of each loader, each in a fresh
+process, with N workers and batch B: the project's (ImageShards, data.augment=light), webdataset's
+WebDataset + WebLoader, litdata's StreamingDataset + StreamingDataLoader, mosaicml-streaming's
+StreamingDataset, and torchvision's ImageFolder. The peers decode with torchvision's decode_jpeg and apply
+the `light` preset per sample; the project runs its own path to the same crop and flip (see
+benchmarks/peer_loaders.py). 32:32 reads the demo's 20,000 training images; 256:224 a set of 4,096 demo
+images drawn at 256 px. Each peer's format is written once under data/peers/.
+
+Per loader: samples/s (iter() to the last batch), CPU microseconds per sample (the main process and its
+workers, from /proc), peak RSS (their sum, sampled at each batch) and the ratio to the project. The naive
+work limit is decode_jpeg plus the light augmentation of each sample, timed in one process with one
+thread, times the N processes a loader has: "the unfused torchvision decode plus v2 augmentation, by the
+same number of processes". Medians of R repeats, interleaved. A peer that is not installed (`pip install
+-e ".[peers]"`) is reported as such in its row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from peer_data import ImageSet, demo_set, ensure_format, photo_set
+from peer_loaders import LOADERS, Augment, PeerMissing, run_epoch, stored_samples
+
+COLUMNS = ("loader", "samples/s", "CPU µs/sample", "peak RSS MB", "ratio to project", "÷ naive limit")
+NAIVE = "naive work limit"
+
+
+def naive_limit(data: ImageSet, size: int, processes: int, samples: int = 2000) -> dict:
+    """decode_jpeg + the light augmentation of each sample (held in memory), in this process with one torch
+    thread as a DataLoader worker has: microseconds a sample, and that work's rate on `processes` processes."""
+    items = [(s["jpg"], s["cls"]) for s in itertools.islice(stored_samples(data.shards), samples)]
+    augment, threads = Augment(size), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        for jpeg, label in items:
+            augment(jpeg)
+            int(label)
+        seconds = (time.perf_counter() - start) / len(items)
+    finally:
+        torch.set_num_threads(threads)
+    return {"us_per_sample": seconds * 1e6, "rate": max(1, processes) / seconds}
+
+
+def run_one(loader: str, data: ImageSet, size: int, args: argparse.Namespace, shuffle_buffer: int = 1000,
+            isolated: bool = True) -> dict:  # fmt: skip
+    """One epoch of `loader` (see `run_epoch`), in a fresh process unless `isolated` is false; a peer that is
+    not installed gives {"missing": ...}, one that fails {"error": ...}."""
+    spec = {"loader": loader, "shards": str(data.shards), "cache": str(data.cache), "size": size,
+            "workers": args.workers, "batch_size": args.batch_size, "shuffle_buffer": shuffle_buffer}  # fmt: skip
+    if not isolated:
+        return epoch_of(spec)
+    with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
+        out = Path(scratch) / "result.json"
+        command = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec), "--out", str(out)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode or not out.exists():
+            lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit code {done.returncode}"]
+            return {"loader": loader, "error": lines[-1]}
+        return json.loads(out.read_text())
+
+
+def epoch_of(spec: dict) -> dict:
+    spec = dict(spec, shards=Path(spec["shards"]), cache=Path(spec["cache"]))
+    try:
+        return run_epoch(**spec)
+    except PeerMissing as missing:
+        return {"loader": spec["loader"], "missing": str(missing)}
+
+
+def measure(data: ImageSet, size: int, args: argparse.Namespace, isolated: bool = True) -> dict:
+    """Every loader's epochs on `data` at `size`, R repeats interleaved, with medians and ratios; the first
+    repeat's key order per loader is kept in "orders" (for benchmarks/shuffle_quality.py)."""
+    keys = [sample["__key__"] for sample in stored_samples(data.shards)]
+    for loader in args.loaders:
+        ensure_format(data, loader)
+    runs: dict[str, list[dict]] = {loader: [] for loader in args.loaders}
+    notes: dict[str, str] = {}
+    naive, orders = [], {}
+    for _ in range(args.repeats):
+        naive.append(naive_limit(data, size, args.workers))
+        for loader in args.loaders:
+            if loader in notes:
+                continue
+            result = run_one(loader, data, size, args, isolated=isolated)
+            if "missing" in result or "error" in result:
+                notes[loader] = "not installed" if "missing" in result else f"failed: {result['error']}"
+                continue
+            order = result.pop("keys")
+            orders.setdefault(loader, order)
+            result["duplicates"] = len(order) - len(set(order))
+            result["unknown"] = len(set(order) - set(keys))
+            runs[loader].append(result)
+    limit = {name: statistics.median(run[name] for run in naive) for name in ("us_per_sample", "rate")}
+    rows = {}
+    for loader, results in runs.items():
+        if loader in notes:
+            rows[loader] = {"note": notes[loader]}
+            continue
+        rows[loader] = {name: statistics.median(r[name] for r in results) for name in ("rate", "cpu_us", "peak_rss_mb")}
+        rows[loader].update(samples=results[0]["samples"], duplicates=max(r["duplicates"] for r in results),
+                            unknown=max(r["unknown"] for r in results), runs=results)  # fmt: skip
+        rows[loader]["vs_naive"] = rows[loader]["rate"] / limit["rate"]
+    project = rows.get("project", {}).get("rate")
+    for row in rows.values():
+        if project and "rate" in row:
+            row["vs_project"] = row["rate"] / project
+    return {"set": data.name, "stored": stored_size(data), "trained": size, "samples": len(keys),
+            "workers": args.workers, "batch_size": args.batch_size, "repeats": args.repeats,
+            "naive": {**limit, "runs": naive}, "loaders": rows, "orders": orders}  # fmt: skip
+
+
+def stored_size(data: ImageSet) -> int:
+    from torchvision.io import decode_jpeg
+
+    first = next(iter(stored_samples(data.shards)))["jpg"]
+    return int(decode_jpeg(torch.frombuffer(bytearray(first), dtype=torch.uint8)).shape[-1])
+
+
+def table(result: dict) -> str:
+    """One size's rows as a Markdown table."""
+    naive = result["naive"]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    project = result["loaders"].get("project", {}).get("rate")
+    ratio = f"{naive['rate'] / project:.2f}" if project else "–"
+    lines.append(f"| {NAIVE} ({max(1, result['workers'])} × one process) | {naive['rate']:,.0f} | "
+                 f"{naive['us_per_sample']:,.0f} (one process) | – | {ratio} | 1.00 |")  # fmt: skip
+    for loader, row in result["loaders"].items():
+        if "note" in row:
+            lines.append(f"| {loader} | {row['note']} | | | | |")
+            continue
+        vs_project = f"{row['vs_project']:.2f}" if "vs_project" in row else "–"
+        lines.append(f"| {loader} | {row['rate']:,.0f} | {row['cpu_us']:,.0f} | {row['peak_rss_mb']:,.0f} | "
+                     f"{vs_project} | {row['vs_naive']:.2f} |")  # fmt: skip
+    lines.append(f"\n{result['set']}: {result['samples']:,} images stored at {result['stored']} px, trained at "
+                 f"{result['trained']} px; {result['workers']} workers, batch {result['batch_size']}, "
+                 f"medians of {result['repeats']} epochs.")  # fmt: skip
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    return {"cores": os.cpu_count(), "load_1_5_15": [round(value, 2) for value in os.getloadavg()]}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of every loader")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="epochs per loader (medians)")
+    parser.add_argument("--sizes", default="32:32,256:224", help="stored:trained px pairs; 32 is the demo")
+    parser.add_argument("--photo-samples", type=int, default=4096, help="images of the 256 px set")
+    parser.add_argument("--loaders", default=",".join(LOADERS), help="a comma-separated subset of " + ",".join(LOADERS))
+    parser.add_argument("--json", metavar="PATH", help="write every run, median and ratio to PATH")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a single epoch, in a fresh process (run_one)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
+    if unknown := set(args.loaders) - set(LOADERS):
+        parser.error(f"unknown loaders {sorted(unknown)}: choose from {', '.join(LOADERS)}")
+    args.sizes = [tuple(int(px) for px in pair.split(":")) for pair in args.sizes.split(",")]
+    return args
+
+
+def image_set(stored: int, args: argparse.Namespace) -> ImageSet:
+    return demo_set() if stored == 32 else photo_set(samples=args.photo_samples, size=stored)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    if args.one:
+        result = epoch_of(json.loads(args.one))
+        Path(args.out).write_text(json.dumps(result))
+        return [result]
+    before, results = machine(), []
+    for stored, trained in args.sizes:
+        result = measure(image_set(stored, args), trained, args)
+        result.pop("orders")
+        results.append(result)
+        print(table(result) + "\n", flush=True)
+    report = {"machine": {**before, "load_after": machine()["load_1_5_15"]}, "sizes": results}
+    print(f"{report['machine']['cores']} cores; load average (1, 5, 15 min) {before['load_1_5_15']} before, "
+          f"{report['machine']['load_after']} after")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The peers benchmark (benchmarks/peers.py): every loader yields every sample exactly once per epoch, the
+table has its columns, a peer that is not installed is a row, not a crash; and the shuffle measures of
+benchmarks/shuffle_quality.py on orders whose answer is known."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+from project.tasks.image.demo import make_demo
+
+from .conftest import REPO
+
+if str(REPO / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts import each other as `python benchmarks/x.py` does
+peers = importlib.import_module("peers")
+peer_data = importlib.import_module("peer_data")
+peer_loaders = importlib.import_module("peer_loaders")
+shuffle_quality = importlib.import_module("shuffle_quality")
+
+LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder")
+MODULES = {"litdata": "litdata", "mosaic": "streaming"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """256 demo images of 32 px in 4 shards, and one epoch of every loader on them (0 workers, batch 32)."""
+    root = tmp_path_factory.mktemp("peers")
+    make_demo(root, train=256, val=1, test=1, image_size=32, samples_per_shard=64, workers=1, quiet=True)
+    data = peer_data.ImageSet("tiny", root / "train", root / "cache")
+    args = argparse.Namespace(workers=0, batch_size=32, repeats=1, loaders=list(LOADERS))
+    return data, args, peers.measure(data, 32, args, isolated=False)
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_every_loader_yields_every_sample_exactly_once(tiny, loader):
+    if loader in MODULES:
+        pytest.importorskip(MODULES[loader])
+    data, _, result = tiny
+    stored = [sample["__key__"] for sample in peer_loaders.stored_samples(data.shards)]
+    order = result["orders"][loader]
+    assert sorted(order) == sorted(stored) and len(set(order)) == 256
+    row = result["loaders"][loader]
+    assert row["samples"] == 256 and row["duplicates"] == 0 and row["unknown"] == 0
+    assert row["rate"] > 0 and row["cpu_us"] > 0 and row["peak_rss_mb"] > 0
+    assert order != stored  # shuffled
+
+
+def test_the_table_has_every_column_and_a_row_per_loader(tiny):
+    _, _, result = tiny
+    text = peers.table(result)
+    assert text.splitlines()[0] == "| " + " | ".join(peers.COLUMNS) + " |"
+    for loader in LOADERS:
+        assert f"| {loader} |" in text
+    assert f"| {peers.NAIVE} (1 × one process) |" in text
+    assert result["loaders"]["project"]["vs_project"] == 1.0
+    assert result["naive"]["rate"] > 0 and result["naive"]["us_per_sample"] > 0
+
+
+def test_a_peer_that_is_not_installed_is_a_row_not_a_crash(tiny, monkeypatch):
+    data, args, _ = tiny
+    monkeypatch.setitem(peer_loaders.PEER_PACKAGES, "mosaic", "no_such_peer_module")
+    args = argparse.Namespace(**{**vars(args), "loaders": ["project", "mosaic"]})
+    result = peers.measure(data, 32, args, isolated=False)
+    assert result["loaders"]["mosaic"] == {"note": "not installed"}
+    assert "| mosaic | not installed |" in peers.table(result)
+
+
+def test_shuffle_measures_on_known_orders():
+    n, batch = 2000, 100
+    labels = [i % 10 for i in range(n)]
+    identity = list(range(n))
+    assert shuffle_quality.kendall_tau(identity) == pytest.approx(1.0)
+    assert shuffle_quality.displacement_ratio(identity, n) == 0.0
+    by_label = sorted(identity, key=lambda i: labels[i])
+    assert shuffle_quality.entropy_ratio([labels[i] for i in by_label], batch) < 0.1
+    permutation = np.random.default_rng(3).permutation(n).tolist()
+    assert shuffle_quality.entropy_ratio([labels[i] for i in permutation], batch) == pytest.approx(1.0, abs=0.02)
+    assert shuffle_quality.displacement_ratio(permutation, n) == pytest.approx(1.0, abs=0.05)
+    assert abs(shuffle_quality.kendall_tau(permutation)) < 0.05
+    assert shuffle_quality.kendall_tau(identity[::-1]) == pytest.approx(-1.0)
+
+
+def test_the_own_kendall_tau_matches_scipys():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    values = np.random.default_rng(0).permutation(300).tolist()
+    inversions = shuffle_quality.count_inversions(values)[1]
+    assert inversions == sum(values[i] > values[j] for i in range(300) for j in range(i + 1, 300))
+    own = 1 - 4 * inversions / (300 * 299)
+    assert own == pytest.approx(scipy_stats.kendalltau(range(300), values).statistic)
+
+
+def test_quality_reads_a_stream_of_keys():
+    stored = [f"k{i}" for i in range(40)]
+    labels = {key: i // 10 for i, key in enumerate(stored)}  # class-sorted
+    row = shuffle_quality.quality(stored, stored, labels, batch_size=10)
+    assert row["kendall_tau"] == pytest.approx(1.0) and row["displacement_ratio"] == 0.0
+    assert row["entropy_ratio"] == 0.0 and row["samples"] == 40
