@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -23,6 +22,7 @@ from project.callbacks.atomic_checkpoint import AtomicSaveConfigCallback, check_
 from project.callbacks.preemption import PreemptionCheckpoint
 from project.callbacks.report import TensorBoardReport
 from project.callbacks.skipped import SkippedSamples
+from project.callbacks.threads import ThreadPolicy, fixed_threads, threads_fixed_by_user
 from project.data.datamodule import ShardDataModule
 from project.data.redact import redact_value
 from project.errors import UserError
@@ -119,6 +119,8 @@ class ProjectCLI(LightningCLI):
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         callbacks = [*callbacks, PreemptionCheckpoint(), TensorBoardReport(), SkippedSamples()]
+        if getattr(self, "datamodule", None) is not None and hasattr(self.datamodule, "num_workers"):
+            callbacks.append(ThreadPolicy(self.datamodule.num_workers))  # CPU training: threads by measurement
         # a rich progress bar with totals, unless the user turned the bar off (a configured
         # RichProgressBar would make enable_progress_bar=false an error)
         if config.get("enable_progress_bar") is not False:
@@ -238,13 +240,13 @@ def without_pretrained_weights(config: Any) -> None:
 
 
 def share_cores_with_workers(num_workers: int, processes: int = 1) -> None:
-    """Training on the CPU: leave the DataLoader workers their cores. torch's intra-op threads default to
+    """On the CPU, start by leaving the DataLoader workers their cores. torch's intra-op threads default to
     every core, and a thread that shares a core with a busy worker makes a step wait for it (steps
-    swung between 1x and 7x their time on a 2-core machine). OMP_NUM_THREADS, when set, wins."""
-    if "OMP_NUM_THREADS" in os.environ or num_workers == 0:
+    swung between 1x and 7x their time on a 2-core machine). OMP_NUM_THREADS, when set, wins. In fit,
+    `ThreadPolicy` then measures whether every core trains faster."""
+    if threads_fixed_by_user() or num_workers == 0:
         return
-    threads = max(1, (os.cpu_count() or 1) // max(1, processes) - num_workers)
-    torch.set_num_threads(min(threads, torch.get_num_threads()))
+    torch.set_num_threads(min(fixed_threads(num_workers, processes), torch.get_num_threads()))
 
 
 def print_run_folder(trainer: Any) -> None:

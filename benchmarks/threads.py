@@ -1,0 +1,117 @@
+"""The thread policy against fixed thread counts: training steps/s of the default run's epochs (without
+validation), with `ThreadPolicy` choosing, and with OMP_NUM_THREADS fixing 1, 2 and every core, side by side.
+
+    python benchmarks/threads.py [--epochs 5] [--repeats 2] [--scenarios default,one-worker,input-bound]
+                                 [--json PATH]
+
+Scenarios (each the default config plus):
+- default: as `python -m project.train` runs (2 workers; compute-bound on a small machine);
+- one-worker: `--data.num_workers=1`, so there are more cores than workers;
+- input-bound: `--data.augment=strong --model.init_args.width=4`: per-sample TrivialAugment and a tiny model.
+
+Each run is its own process (threads are fixed when torch starts); settings alternate within a repeat, and
+each figure is the median over repeats. steps/s counts every training step from the first epoch's start to
+the last one's end (validation off), the policy's warm-up included: a run of fewer epochs pays it on fewer
+steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCENARIOS = {
+    "default": [],
+    "one-worker": ["--data.num_workers=1"],
+    "input-bound": ["--data.augment=strong", "--model.init_args.width=4"],
+}
+LOGS = Path(tempfile.gettempdir()) / "threads-bench-logs"
+RUN = ["--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+       "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
+       f"--trainer.logger.init_args.save_dir={LOGS}"]  # fmt: skip
+
+
+def one_run(args: list[str]) -> None:
+    """In a fresh process: fit one epoch and print its steps/s and the threads training ended with."""
+    from project.data.workers import start_forkserver_for
+    from project.tasks import WORKER_MODULES
+
+    start_forkserver_for(args, WORKER_MODULES)
+    import lightning as L
+    import torch
+
+    from project.cli import ProjectCLI
+
+    class EpochTimer(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.start = time.perf_counter()
+
+        def on_train_end(self, trainer, pl_module):
+            self.seconds = time.perf_counter() - self.start
+
+    cli = ProjectCLI(args=args)
+    timer = EpochTimer()
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    steps = cli.trainer.global_step
+    print(json.dumps({"steps_per_s": steps / timer.seconds, "steps": steps, "threads": torch.get_num_threads()}))
+
+
+def measure(scenario: list[str], threads: int | None, epochs: int) -> dict:
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    command = [sys.executable, __file__, "--one", "--", f"--trainer.max_epochs={epochs}", *RUN, *scenario]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"run failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=5, help="epochs a run trains (the default run's 5)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        return one_run(args.rest)
+    names = args.scenarios.split(",")
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"--scenarios: unknown {', '.join(unknown)} (choose from {', '.join(SCENARIOS)})")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    settings: list[int | None] = [None, *sorted({1, 2, cores})]
+    results = {}
+    print(f"{'scenario':<12} {'policy':>16} " + " ".join(f"{f'{c} thread(s)':>12}" for c in settings[1:])
+          + f" {'policy/best':>12}", flush=True)  # fmt: skip
+    for name in names:
+        runs: dict[str, list[dict]] = {str(s): [] for s in settings}
+        for _ in range(args.repeats):
+            for setting in settings:
+                runs[str(setting)].append(measure(SCENARIOS[name], setting, args.epochs))
+        rates = {key: statistics.median(r["steps_per_s"] for r in found) for key, found in runs.items()}
+        chosen = [r["threads"] for r in runs["None"]]
+        best = max(rates[str(c)] for c in settings[1:])
+        results[name] = {"steps_per_s": rates, "policy_threads": chosen, "policy_vs_best": rates["None"] / best}
+        policy = f"{rates['None']:.2f}/s ({','.join(map(str, chosen))} thr)"
+        fixed = " ".join(f"{rates[str(c)]:>10.2f}/s" for c in settings[1:])
+        print(f"{name:<12} {policy:>16} {fixed} {rates['None'] / best:>12.3f}", flush=True)
+    print("(training steps/s over the run's epochs, median of repeats; policy/best: against the fastest fixed count)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
