@@ -17,19 +17,22 @@ from .conftest import REPO, write_shards
 
 
 def test_ratios_are_quotients_of_the_medians_of_the_repeats():
-    runs = {"decode": [100, 300, 200], "decode_cpu_us": [9, 10, 11], "loader": [190, 180, 170],
-            "loader_cpu_us": [12, 11, 13], "loader_1": [50, 60, 40], "loader_2": [90, 100, 95],
-            "imagefolder": [150, 170, 160], "rss_small_mb": [400], "rss_large_mb": [410], "template": [97, 99, 98],
-            "hand_loop": [100, 100, 101]}  # fmt: skip
+    runs = {"work_limit": [120, 90, 100], "decode": [100, 300, 200], "decode_cpu_us": [9, 10, 11],
+            "loader": [190, 180, 170], "loader_cpu_us": [12, 11, 13], "loader_1": [50, 60, 40],
+            "loader_2": [90, 100, 95], "imagefolder": [150, 170, 160], "rss_small_mb": [400], "rss_large_mb": [410],
+            "template": [97, 99, 98], "hand_loop": [100, 100, 101], "webdataset": [60, 90, 80],
+            "shuffle_entropy": [0.99, 0.97, 0.995]}  # fmt: skip
     settings = {"batch_size": 8, "image_size": 8, "augment": "none"}
     result = summarize({"runs": runs, "workers": 2, "samples": 10, "rss_samples": [5, 40], "repeats": 3,
                         "steps": 4, "data": "d", "settings": settings, "training_threads": 1})  # fmt: skip
-    assert result["ratios"] == pytest.approx({"loader_vs_decode": 0.9, "loader_vs_imagefolder": 180 / 160,
-                                              "workers_2_vs_1": 1.9, "rss_large_vs_small": 1.025,
-                                              "template_vs_hand_loop": 0.98})  # fmt: skip
+    assert result["ratios"] == pytest.approx({"loader_vs_work_limit": 1.8, "loader_vs_decode": 0.9,
+                                              "loader_vs_imagefolder": 180 / 160, "workers_2_vs_1": 1.9,
+                                              "rss_large_vs_small": 1.025, "template_vs_hand_loop": 0.98,
+                                              "peers": 180 / 80, "shuffle_entropy": 0.99})  # fmt: skip
     assert tuple(result["ratios"]) == RATIO_KEYS
     text = table(result)
-    assert "| (a) decode limit: bare decoding | 2 processes | 200 samples/s |" in text
+    assert "| (a) work limit: torchvision decode + v2 preset | 2 processes | 100 samples/s |" in text
+    assert "|     decode limit: bare decoding | 2 processes | 200 samples/s |" in text
     assert "| ratio workers_2_vs_1 |  | 1.90 |" in text
 
 
@@ -49,8 +52,10 @@ def test_bench_json_holds_every_figure_and_ratio(tiny_demo, capsys):
     result = json.loads(lines[-1])
     assert set(result["ratios"]) == set(RATIO_KEYS)
     assert all(value > 0 for value in result["ratios"].values())
-    figures = ("decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2", "imagefolder",
-               "rss_small_mb", "rss_large_mb", "template", "hand_loop")  # fmt: skip
+    assert 0 < result["ratios"]["shuffle_entropy"] <= 1.05
+    figures = ("work_limit", "decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2",
+               "imagefolder", "webdataset", "shuffle_entropy", "rss_small_mb", "rss_large_mb", "template",
+               "hand_loop")  # fmt: skip
     assert set(result["medians"]) == set(figures) and all(result["runs"][name] for name in figures)
     assert result["rss_samples"][1] == 8 * result["rss_samples"][0]
     assert any("ratio template_vs_hand_loop" in line for line in lines[:-1])

@@ -9,7 +9,10 @@ import resource
 import time
 from pathlib import Path
 
-from project.data.shards import INDEX_NAME, Shard, write_index
+import torch
+from torchvision.io import ImageReadMode, decode_image
+
+from project.data.shards import INDEX_NAME, Shard, resolve_shards, write_index
 from project.data.workers import proc_stat, worker_context
 from project.tasks.image.data import ImageShards
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_label, decode_sample
@@ -35,6 +38,26 @@ def _decode_all(samples: list[dict], size: int) -> None:
         pixels(image)
 
 
+class NaiveSample:
+    """The unfused path: torchvision's decode (its JPEG operator) at full size, then the preset's v2
+    transform, per sample (picklable: webdataset's workers run it too)."""
+
+    def __init__(self, augment: str, size: int) -> None:
+        self.transform = build_transform(augment, size, train=True)
+
+    def __call__(self, sample: dict) -> tuple[torch.Tensor, int]:
+        extension = next(e for e in IMAGE_EXTENSIONS if e in sample)
+        encoded = torch.frombuffer(bytearray(sample[extension]), dtype=torch.uint8)
+        return self.transform(decode_image(encoded, mode=ImageReadMode.RGB)), decode_label(sample)
+
+
+def _work_all(samples: list[dict], augment: str, size: int) -> None:
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    work = NaiveSample(augment, size)
+    for sample in samples:
+        work(sample)
+
+
 def cpu_seconds() -> float:
     """CPU time of this process and of its children that have exited (workers, once joined)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -46,31 +69,43 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def decode_rate(samples: list[dict], processes: int, size: int) -> tuple[float, float]:
-    """(samples/s, CPU microseconds per sample) of bare decoding by `processes` forked processes, each
-    with an equal share."""
+def forked_rate(target, samples: list[dict], processes: int, *args: object) -> tuple[float, float]:  # noqa: ANN001
+    """(samples/s, CPU microseconds per sample) of `target(share, *args)` run by `processes` forked processes,
+    each with an equal share of `samples`."""
     context = multiprocessing.get_context("fork")  # the cheapest start: this bounds the loader from above
     start, cpu = time.perf_counter(), cpu_seconds()
-    workers = [context.Process(target=_decode_all, args=(samples[i::processes], size)) for i in range(processes)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    if any(worker.exitcode for worker in workers):
-        raise RuntimeError("a decoding process failed")
+    jobs = [context.Process(target=target, args=(samples[i::processes], *args)) for i in range(processes)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    if any(job.exitcode for job in jobs):
+        raise RuntimeError(f"a measuring process ({target.__name__}) failed")
     return len(samples) / (time.perf_counter() - start), (cpu_seconds() - cpu) / len(samples) * 1e6
 
 
-# (b) the project's loader, (c) ImageFolder ----------------------------------------------------------
+def decode_rate(samples: list[dict], processes: int, size: int) -> tuple[float, float]:
+    """(samples/s, CPU microseconds per sample) of bare decoding by `processes` forked processes."""
+    return forked_rate(_decode_all, samples, processes, size)
+
+
+def work_limit_rate(samples: list[dict], processes: int, augment: str, size: int) -> float:
+    """Samples/s of the naive work (`NaiveSample`: decode plus the same augmentation, unfused) by `processes`
+    forked processes, each with an equal share: the limit of a loader that runs torchvision's path."""
+    return forked_rate(_work_all, samples, processes, augment, size)[0]
+
+
+# (b) the project's loader, (c) ImageFolder, (f) webdataset ----------------------------------------------------------
 
 
 def make_datamodule(index: Path, workers: int, settings: dict) -> ImageShards:
     return ImageShards(root=None, train=str(index), num_workers=workers, pin_memory=False, **settings)
 
 
-def loader_rate(index: Path, workers: int, settings: dict) -> tuple[float, float]:
+def loader_rate(index: Path, workers: int, settings: dict, labels: list | None = None) -> tuple[float, float]:
     """(samples/s, CPU microseconds per sample in the main process and the workers) of one training
-    epoch of the project's loader, from iter() to its last batch.
+    epoch of the project's loader, from iter() to its last batch; the labels in training order go to
+    `labels` when given.
 
     The workers start from the forkserver, so they are not this process's children and RUSAGE_CHILDREN
     never sees them: their CPU time is read from /proc as the last batch arrives, when they are done.
@@ -81,6 +116,8 @@ def loader_rate(index: Path, workers: int, settings: dict) -> tuple[float, float
     iterator = iter(loader)
     for number, batch in enumerate(iterator, 1):
         count += len(batch)
+        if labels is not None:
+            labels.extend(batch.label.tolist())
         if number == batches:
             worker_cpu = workers_cpu_seconds(iterator)
     rate = count / (time.perf_counter() - start)
@@ -120,6 +157,22 @@ def imagefolder_rate(folder: Path, workers: int, settings: dict) -> float:
     loader = DataLoader(dataset, batch_size=settings["batch_size"], shuffle=True, num_workers=workers)
     start, count = time.perf_counter(), 0
     for _, labels in loader:
+        count += len(labels)
+    return count / (time.perf_counter() - start)
+
+
+def webdataset_rate(index: Path, workers: int, settings: dict) -> float:
+    """Samples/s of one epoch of webdataset's own pipeline on the same shards, as its README builds it:
+    WebDataset(urls, shardshuffle=100).shuffle(1000), the naive work per sample, .batched(B) in the
+    workers, WebLoader(batch_size=None). (benchmarks/peers.py adds litdata and mosaicml-streaming.)"""
+    import webdataset as wds
+
+    urls = [shard.url for shard in resolve_shards(str(index)).shards]
+    work = NaiveSample(settings["augment"], settings["image_size"])
+    dataset = wds.WebDataset(urls, shardshuffle=100, empty_check=False).shuffle(1000).map(work)
+    dataset = dataset.batched(settings["batch_size"])
+    start, count = time.perf_counter(), 0
+    for _, labels in wds.WebLoader(dataset, batch_size=None, num_workers=workers):
         count += len(labels)
     return count / (time.perf_counter() - start)
 

@@ -9,8 +9,10 @@ image task's bench, the default.
 On the training split of DIR (the demo's by default, built if missing), with the data settings of
 configs/default.yaml:
 
-  (a) decode limit: bare decoding (image bytes to uint8 pixels, and the label) of the same encoded
-      samples, held in memory, by N forked processes: what the loader could reach with nothing else to do;
+  (a) work limit: the naive path, torchvision's decode at full size then the configured preset's v2
+      transform per sample, of the same encoded samples held in memory, by N forked processes: what a
+      loader that runs torchvision's path could reach with nothing else to do; and the decode limit, bare
+      decoding by the project's own decoder (image bytes to uint8 pixels, and the label), likewise;
   (b) the project's train loader (ShardDataModule, N workers), and the same with 1 and 2 workers;
   (c) torchvision's ImageFolder + DataLoader on the same images written out as files, same transform,
       same N workers;
@@ -20,7 +22,12 @@ configs/default.yaml:
   (e) training samples/s of the template (the Lightning Trainer, ImageClassifier and ShardDataModule as
       `project.train` builds them) against a minimal hand-written PyTorch loop (forward, loss, backward,
       AdamW step) on the same model and the same batches, timed from the end of the first step; both
-      with the intra-op threads the workers leave (cores - N, at least 1).
+      with the intra-op threads the workers leave (cores - N, at least 1);
+  (f) webdataset's own pipeline (WebDataset + WebLoader, as its README builds it) on the same shards,
+      running the naive path in N workers (benchmarks/peers.py adds litdata and mosaicml-streaming).
+
+The loader's training order in (b) also gives `shuffle_entropy`: the mean label entropy of its batches over
+that of a full random permutation of the same labels (1.0 is as mixed as a full shuffle).
 
 Each figure is the median of R repeats, run interleaved so that a busy machine slows all of them alike.
 With --json the last line is one JSON object: every run's figure, the medians and the ratios.
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -43,12 +51,16 @@ from project.bench.loader import (
     loader_rate,
     peak_rss_mb,
     subset_index,
+    webdataset_rate,
+    work_limit_rate,
     write_image_folder,
 )
 from project.bench.report import summarize, table
+from project.bench.shuffle import entropy_ratio
 from project.bench.text import ensure_text_demo, measure_text, summarize_text, text_table
 from project.bench.training import template_rate
-from project.cli import DEFAULT_CONFIG, share_cores_with_workers
+from project.callbacks.threads import fixed_threads
+from project.cli import DEFAULT_CONFIG
 from project.data.samples import read_samples
 from project.data.shards import resolve_shards
 from project.data.workers import warm_forkserver
@@ -78,27 +90,35 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     samples = [sample for shard in resolve_shards(str(index)).shards for sample in read_samples(shard.url)]
     folder = write_image_folder(samples, scratch / "imagefolder")
     workers, size = args.workers, settings["image_size"]
-    names = ("decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2", "imagefolder")
+    names = ("work_limit", "decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2",
+             "imagefolder", "webdataset", "shuffle_entropy")  # fmt: skip
     runs: dict[str, list[float]] = {name: [] for name in names}
     warm_forkserver(WORKER_MODULES)  # its one-time start (importing the pipeline) is not part of any epoch
     for _ in range(args.repeats):
+        runs["work_limit"].append(work_limit_rate(samples, max(1, workers), settings["augment"], size))
+        labels: list[int] = []
         for name, (rate, cpu) in (
             ("decode", decode_rate(samples, max(1, workers), size)),
-            ("loader", loader_rate(index, workers, settings)),
+            ("loader", loader_rate(index, workers, settings, labels)),
         ):
             runs[name].append(rate)
             runs[f"{name}_cpu_us"].append(cpu)
+        runs["shuffle_entropy"].append(entropy_ratio(labels, settings["batch_size"]))
         runs["loader_1"].append(loader_rate(index, 1, settings)[0] if workers != 1 else runs["loader"][-1])
         runs["loader_2"].append(loader_rate(index, 2, settings)[0] if workers != 2 else runs["loader"][-1])
         runs["imagefolder"].append(imagefolder_rate(folder, workers, settings))
+        runs["webdataset"].append(webdataset_rate(index, workers, settings))
     rss_samples = max(1, args.samples // 4)
     small = subset_index(train.shards, rss_samples, train.extra, scratch / "rss-small")
     large = subset_index(train.shards, rss_samples, train.extra, scratch / "rss-large", copies=8)
     small_mb, large_mb = peak_rss_mb([small, large], workers, settings)
     runs["rss_small_mb"], runs["rss_large_mb"] = [small_mb], [large_mb]
     runs["template"], runs["hand_loop"] = [], []
-    threads = torch.get_num_threads()
-    share_cores_with_workers(workers)  # as project.train does on a CPU; the hand loop runs with the same
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    # both loops with the threads the workers leave: OMP_NUM_THREADS keeps the template's ThreadPolicy
+    # from timing other counts in its first steps, which would weigh on (e) and not on the hand loop
+    torch.set_num_threads(fixed_threads(workers))
+    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     try:
         for repeat in range(args.repeats):
             logs = scratch / f"logs{repeat}"
@@ -108,6 +128,10 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
         training_threads = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp
     return {
         "data": str(args.data),
         "workers": workers,
