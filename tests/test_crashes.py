@@ -24,8 +24,9 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from project.callbacks.atomic_checkpoint import PARTIAL, AtomicCheckpointIO, check_checkpoint, write_atomically
+from project.callbacks.atomic_checkpoint import AtomicCheckpointIO, check_checkpoint
 from project.callbacks.dead_worker import dead_worker
+from project.data.atomic import PARTIAL, write_atomically
 from project.errors import UserError
 from project.tasks.image.demo import make_demo
 

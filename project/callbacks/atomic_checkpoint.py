@@ -15,12 +15,8 @@ a temporary left by a killed writer on this machine is removed by the next save 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
-import socket
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,63 +25,12 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
-from project.data.workers import process_alive
+from project.data.atomic import write_atomically
 from project.errors import UserError
-
-PARTIAL = ".partial"  # `.<name>~<host>~<pid>~<random>.partial`: never matches Lightning's `*.ckpt` globs
 
 
 def is_local(path: str | os.PathLike) -> bool:
     return "://" not in str(path) or str(path).startswith("file://")
-
-
-def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
-    """Write `path` through `write(stream)` into a temporary file beside it, fsync it, then rename it over
-    `path`: a reader (or a run started after a kill) sees the old file or the new one, whole."""
-    path = Path(str(path).removeprefix("file://"))
-    folder = path.parent
-    folder.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(folder)
-    temporary = folder / f".{path.name}~{socket.gethostname()}~{os.getpid()}~{secrets.token_hex(4)}{PARTIAL}"
-    # os.open: the umask applies (0666 & ~umask), as for any file; mkstemp would make it private (0600)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(descriptor, "wb") as stream:
-            write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    fsync_folder(folder)
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename in `folder` durable (POSIX; Windows cannot open a folder)."""
-    if os.name != "posix":
-        return
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    except OSError:  # some filesystems (network ones) refuse fsync on a folder
-        pass
-    finally:
-        os.close(descriptor)
-
-
-def remove_stale_partials(folder: Path) -> None:
-    """Remove the temporary files in `folder` whose writer, a process of this machine, is gone."""
-    host = socket.gethostname()
-    for partial in folder.glob(f".*{PARTIAL}"):
-        parts = partial.name[: -len(PARTIAL)].split("~")
-        if len(parts) != 4 or parts[1] != host or not parts[2].isdigit():
-            continue
-        pid = int(parts[2])
-        if pid != os.getpid() and not process_alive(pid):
-            with contextlib.suppress(OSError):
-                partial.unlink()
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

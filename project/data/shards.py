@@ -22,6 +22,7 @@ from urllib.parse import urljoin, urlsplit
 
 import braceexpand
 
+from project.data.atomic import write_atomically
 from project.data.redact import redact, redact_text
 from project.data.remote import is_remote, local_path, open_url
 from project.data.samples import count_samples
@@ -130,9 +131,8 @@ def write_index(
         "shardlist": [{"url": relative(s.url), "nsamples": s.nsamples, "filesize": s.filesize} for s in shards],
     }
     data.update({key: value for key, value in (extra or {}).items() if key not in WIDS_KEYS})
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(temporary, path)  # a reader never sees a half-written index
+    text = json.dumps(data, indent=1) + "\n"
+    write_atomically(path, lambda stream: stream.write(text.encode("utf-8")))  # never half-written
     return path
 
 

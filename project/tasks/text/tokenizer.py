@@ -23,6 +23,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from project.data.atomic import write_atomically
 from project.data.samples import read_samples
 from project.data.shards import INDEX_NAME, ShardIndex, read_index, write_index
 from project.errors import UserError
@@ -190,9 +191,7 @@ def new_tokenizer() -> Tokenizer:
 
 def _write_atomically(path: Path, text: str) -> bytes:
     data = text.encode("utf-8")
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)  # a reader (a DataLoader worker) never sees a half-written tokenizer
+    write_atomically(path, lambda stream: stream.write(data))  # a worker never reads half a tokenizer
     return data
 
 
