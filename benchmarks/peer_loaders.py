@@ -1,9 +1,10 @@
 """The loaders `benchmarks/peers.py` compares, each built as its own documentation shows, and one epoch of any
 of them measured: samples/s, CPU time of all its processes, peak RSS, and the order of the samples' keys.
 
-Every peer decodes with `torchvision.io.decode_jpeg` (the best public decode path) and augments with the
-project's `light` preset (`build_transform("light", size, train=True)`: RandomResizedCrop with scale 0.7 to
-1, then a horizontal flip, torchvision v2), one sample at a time, in its DataLoader workers. The project's
+Every peer decodes with torchvision's `decode_image` (its libjpeg-turbo JPEG operator, the best public decode
+path) and augments with the project's `light` preset (`build_transform("light", size, train=True)`:
+RandomResizedCrop with scale 0.7 to 1, then a horizontal flip, torchvision v2), one sample at a time, in its
+DataLoader workers: the bench's naive path, `project.bench.loader.NaiveSample`. The project's
 loader runs as `project.train` configures it with data.augment=light: the same crop and flip rule, through
 its own decode and batched crop path (project/tasks/image/decode.py and crops.py).
 
@@ -20,16 +21,13 @@ from pathlib import Path
 
 import torch
 import torchvision
-from torchvision.io import ImageReadMode
 
+from project.bench.loader import NaiveSample, webdataset_pipeline
 from project.data.samples import read_samples
 from project.data.shards import resolve_shards
-from project.tasks.image.transforms import build_transform
 
 LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder")
 PEER_PACKAGES = {"webdataset": "webdataset", "litdata": "litdata", "mosaic": "streaming"}  # loader: module
-WDS_SHUFFLE = 1000  # the sample shuffle buffer webdataset's README shows: .shuffle(1000)
-WDS_SHARDSHUFFLE = 100  # what webdataset turns shardshuffle=True into, as its README writes it
 
 
 class PeerMissing(RuntimeError):
@@ -44,20 +42,10 @@ def peer_module(loader: str) -> object:
         raise PeerMissing(f"{loader}: not installed ({error})") from None
 
 
-def decode(data: bytes | torch.Tensor) -> torch.Tensor:
-    """JPEG bytes to a uint8 CHW RGB tensor: torchvision's public decode, the same for every peer."""
-    encoded = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return torchvision.io.decode_jpeg(encoded, mode=ImageReadMode.RGB)
-
-
-class Augment:
-    """Decode and augment one sample (picklable: it travels to the workers)."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.transform = size, build_transform("light", size, train=True)
-
-    def __call__(self, jpeg: bytes | torch.Tensor) -> torch.Tensor:
-        return self.transform(decode(jpeg))
+def Augment(size: int) -> Callable[[bytes | torch.Tensor], torch.Tensor]:  # noqa: N802 - used as a class
+    """Decode and augment one image, the bench's naive path with the `light` preset (picklable: it travels to
+    the workers)."""
+    return NaiveSample("light", size).image
 
 
 # -- each loader, as its own documentation builds it ---------------------------------------------------
@@ -89,11 +77,9 @@ class WdsSample:
 def webdataset_loader(shards: Path, size: int, workers: int, batch_size: int, **_: object):
     """webdataset's README: WebDataset(urls, shardshuffle=100).shuffle(1000), decode and map, .batched(B) in
     the workers, and WebLoader(dataset, batch_size=None, num_workers=N)."""
-    wds = peer_module("webdataset")
+    peer_module("webdataset")
     urls = [shard.url for shard in resolve_shards(str(shards)).shards]
-    dataset = (wds.WebDataset(urls, shardshuffle=WDS_SHARDSHUFFLE, empty_check=False)
-               .shuffle(WDS_SHUFFLE).map(WdsSample(size)).batched(batch_size))  # fmt: skip
-    return wds.WebLoader(dataset, batch_size=None, num_workers=workers), lambda batch: batch[2]
+    return webdataset_pipeline(urls, WdsSample(size), batch_size, workers), lambda batch: batch[2]
 
 
 class LitSample:

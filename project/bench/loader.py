@@ -7,7 +7,9 @@ import multiprocessing
 import os
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torchvision.io import ImageReadMode, decode_image
@@ -17,6 +19,9 @@ from project.data.workers import proc_stat, worker_context
 from project.tasks.image.data import ImageShards
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_label, decode_sample
 from project.tasks.image.transforms import build_transform, pixels
+
+WDS_SHUFFLE = 1000  # the sample shuffle buffer webdataset's README shows: .shuffle(1000)
+WDS_SHARDSHUFFLE = 100  # what webdataset turns shardshuffle=True into, as its README writes it
 
 
 def subset_index(shards: list[Shard], samples: int, extra: dict, folder: Path, copies: int = 1) -> Path:
@@ -40,15 +45,19 @@ def _decode_all(samples: list[dict], size: int) -> None:
 
 class NaiveSample:
     """The unfused path: torchvision's decode (its JPEG operator) at full size, then the preset's v2
-    transform, per sample (picklable: webdataset's workers run it too)."""
+    transform, per sample (picklable: the peers' workers run it too, benchmarks/peer_loaders.py)."""
 
     def __init__(self, augment: str, size: int) -> None:
         self.transform = build_transform(augment, size, train=True)
 
+    def image(self, data: bytes | torch.Tensor) -> torch.Tensor:
+        """Encoded image bytes (or a uint8 tensor of them) to the augmented uint8 CHW RGB image."""
+        encoded = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return self.transform(decode_image(encoded, mode=ImageReadMode.RGB))
+
     def __call__(self, sample: dict) -> tuple[torch.Tensor, int]:
         extension = next(e for e in IMAGE_EXTENSIONS if e in sample)
-        encoded = torch.frombuffer(bytearray(sample[extension]), dtype=torch.uint8)
-        return self.transform(decode_image(encoded, mode=ImageReadMode.RGB)), decode_label(sample)
+        return self.image(sample[extension]), decode_label(sample)
 
 
 def _work_all(samples: list[dict], augment: str, size: int) -> None:
@@ -69,7 +78,7 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def forked_rate(target, samples: list[dict], processes: int, *args: object) -> tuple[float, float]:  # noqa: ANN001
+def forked_rate(target: Callable[..., None], samples: list[dict], processes: int, *args: object) -> tuple[float, float]:
     """(samples/s, CPU microseconds per sample) of `target(share, *args)` run by `processes` forked processes,
     each with an equal share of `samples`."""
     context = multiprocessing.get_context("fork")  # the cheapest start: this bounds the loader from above
@@ -161,18 +170,22 @@ def imagefolder_rate(folder: Path, workers: int, settings: dict) -> float:
     return count / (time.perf_counter() - start)
 
 
-def webdataset_rate(index: Path, workers: int, settings: dict) -> float:
-    """Samples/s of one epoch of webdataset's own pipeline on the same shards, as its README builds it:
-    WebDataset(urls, shardshuffle=100).shuffle(1000), the naive work per sample, .batched(B) in the
-    workers, WebLoader(batch_size=None). (benchmarks/peers.py adds litdata and mosaicml-streaming.)"""
+def webdataset_pipeline(urls: list[str], work: Callable[[dict], object], batch_size: int, workers: int) -> Any:
+    """webdataset's own pipeline as its README builds it: WebDataset(urls, shardshuffle=100).shuffle(1000),
+    `work` mapped over the samples, .batched(B) in the workers, and WebLoader(batch_size=None)."""
     import webdataset as wds
 
+    dataset = wds.WebDataset(urls, shardshuffle=WDS_SHARDSHUFFLE, empty_check=False).shuffle(WDS_SHUFFLE)
+    return wds.WebLoader(dataset.map(work).batched(batch_size), batch_size=None, num_workers=workers)
+
+
+def webdataset_rate(index: Path, workers: int, settings: dict) -> float:
+    """Samples/s of one epoch of `webdataset_pipeline` on the same shards, running the naive work per sample
+    (benchmarks/peers.py adds litdata and mosaicml-streaming)."""
     urls = [shard.url for shard in resolve_shards(str(index)).shards]
     work = NaiveSample(settings["augment"], settings["image_size"])
-    dataset = wds.WebDataset(urls, shardshuffle=100, empty_check=False).shuffle(1000).map(work)
-    dataset = dataset.batched(settings["batch_size"])
     start, count = time.perf_counter(), 0
-    for _, labels in wds.WebLoader(dataset, batch_size=None, num_workers=workers):
+    for _, labels in webdataset_pipeline(urls, work, settings["batch_size"], workers):
         count += len(labels)
     return count / (time.perf_counter() - start)
 
