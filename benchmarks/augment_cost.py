@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torchvision.io import ImageReadMode
 
-from project.data.shards import Shard, write_index
+from project.data.shard_index import Shard, write_index
 from project.shards.tarwriter import FastTarWriter
 from project.tasks.image.crops import CropFlip, hwc
 from project.tasks.image.decode import decode_jpeg_pixels

@@ -20,7 +20,8 @@ from pathlib import Path
 from peer_loaders import PEER_PACKAGES, stored_samples
 
 from project.data.samples import read_samples
-from project.data.shards import INDEX_NAME, Shard, resolve_shards, write_index
+from project.data.shard_index import INDEX_NAME, Shard, write_index
+from project.data.shards import resolve_shards
 
 PEERS_ROOT = Path("data/peers")
 DONE = ".complete"

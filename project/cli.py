@@ -18,13 +18,13 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks.atomic_checkpoint import AtomicSaveConfigCallback, check_checkpoint, use_atomic_checkpoints
+from project.callbacks.checkpoint_io import check_checkpoint, is_local, local_checkpoint, use_atomic_checkpoints
 from project.callbacks.preemption import PreemptionCheckpoint
 from project.callbacks.report import TensorBoardReport
+from project.callbacks.save_config import RedactedSaveConfig
 from project.callbacks.skipped import SkippedSamples
 from project.callbacks.threads import ThreadPolicy, fixed_threads, threads_fixed_by_user
 from project.data.datamodule import ShardDataModule
-from project.data.redact import redact_value
 from project.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -114,6 +114,8 @@ class ProjectCLI(LightningCLI):
             without_pretrained_weights(self.config)
         if self.config.get("ckpt_path") == "last":
             self._resume_latest_run()
+        elif self.config.get("ckpt_path") and not is_local(self.config.ckpt_path):
+            self.config.ckpt_path = str(local_checkpoint(self.config.ckpt_path))  # loaded as a local file
         elif self.config.get("ckpt_path") and Path(self.config.ckpt_path).is_file():
             check_checkpoint(self.config.ckpt_path)  # a torn file: one line, not torch's traceback
 
@@ -161,17 +163,6 @@ class ProjectCLI(LightningCLI):
         init_args.version = int(latest.name.split("_", 1)[1])
         check_checkpoint(self.config.ckpt_path, option="--ckpt_path last")
         print(f"resuming {self.config.ckpt_path}", file=sys.stderr)
-
-
-class RedactedSaveConfig(AtomicSaveConfigCallback):
-    """Saves config.yaml with secrets in URLs (`user:token@`, presigned query values) shown as ***: the run
-    read the real URLs, a rerun from this file needs them given again (`--data.train URL`)."""
-
-    def __init__(self, parser: LightningArgumentParser, config: Any, *args: Any, **kwargs: Any) -> None:
-        config = config.clone()
-        for key, value in config.items():
-            config[key] = redact_value(value)
-        super().__init__(parser, config, *args, **kwargs)
 
 
 class ConfigOnlyCLI(ProjectCLI):

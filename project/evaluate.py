@@ -38,9 +38,14 @@ def early_arguments(args: list[str], *options: str) -> argparse.Namespace:
 
 
 def checked_run_config(known: argparse.Namespace, purpose: str) -> list[str]:
-    """The run config of --ckpt_path, once it is given and exists (`purpose`: "evaluate", "predict with")."""
+    """The run config of --ckpt_path, once it is given and exists (`purpose`: "evaluate", "predict with"); a
+    checkpoint URL has none beside it (give the run's config with --config)."""
+    from project.callbacks.checkpoint_io import is_local
+
     if known.ckpt_path is None:
         raise UserError(f"--ckpt_path is required: the checkpoint to {purpose}")
+    if not is_local(known.ckpt_path):
+        return []
     if not Path(known.ckpt_path).is_file():
         raise UserError(f"checkpoint not found: {known.ckpt_path}")
     return run_config(Path(known.ckpt_path))

@@ -29,8 +29,6 @@ dynamic-int8 quantizes weights and computes activation ranges at run time (no ca
 from __future__ import annotations
 
 import argparse
-import json
-import pickle
 import shutil
 import sys
 from collections.abc import Iterator
@@ -45,7 +43,10 @@ from rich.progress import track
 from rich.table import Table
 from torch import nn
 
+from project.callbacks.checkpoint_io import is_local, load_checkpoint_file, local_checkpoint
 from project.cli import ProjectCLI, print_train_help
+from project.data.atomic import replace_atomically, write_json_atomically
+from project.data.redact import redact
 from project.errors import UserError, run_main
 from project.evaluate import run_config
 from project.export_formats import (
@@ -85,7 +86,7 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="python -m project.export",
         description="Export a checkpoint (ONNX or TorchScript, optionally pruned or int8) and check its parity.",
     )
-    parser.add_argument("--ckpt_path", type=Path, required=True, help="the checkpoint to export")
+    parser.add_argument("--ckpt_path", required=True, help="the checkpoint to export (a path or a URL)")
     parser.add_argument("--format", choices=("onnx", "torchscript"), default="onnx")
     parser.add_argument("--quantize", nargs="+", default=[], choices=("dynamic-int8", "static-int8"),
                         help="add int8 variants (onnx)")  # fmt: skip
@@ -98,7 +99,7 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "-h" in args or "--help" in args:
         print_train_help(parser.format_help() + "\nThey override the run's config (e.g. --data.num_workers 0).")
     options, overrides = parser.parse_known_args(args)
-    if not options.ckpt_path.is_file():
+    if is_local(options.ckpt_path) and not Path(options.ckpt_path).is_file():
         raise UserError(f"checkpoint not found: {options.ckpt_path}")
     if options.quantize and options.format != "onnx":
         raise UserError(f"--quantize {options.quantize[0]} needs --format onnx (int8 is done by onnxruntime)")
@@ -112,11 +113,10 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     """The run's model (with the checkpoint's weights, in eval mode, on the CPU) and data."""
     cli = ProjectCLI(args=overrides, extra_config_files=run_config(ckpt_path), from_checkpoint=True)
-    try:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        state = checkpoint["state_dict"]
-    except (OSError, RuntimeError, KeyError, TypeError, pickle.UnpicklingError) as error:
-        raise UserError(f"{ckpt_path} is not a Lightning checkpoint: {error}") from None
+    checkpoint = load_checkpoint_file(ckpt_path)  # weights only: a file that would run code is refused
+    state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict):
+        raise UserError(f"{ckpt_path} is not a Lightning checkpoint: it has no state_dict")
     cli.model.on_load_checkpoint(checkpoint)  # the model's own checks, as Lightning runs them (the tokenizer's)
     missing, unexpected = cli.model.load_state_dict(state, strict=False)
     if missing or unexpected:
@@ -146,7 +146,7 @@ def copy_tokenizer(cli: ProjectCLI, out: Path) -> dict:
     digest = data.tokenizer_hash  # checked against the training index, and by the model against the checkpoint
     target = out / "tokenizer.json"
     if source.resolve() != target.resolve():
-        shutil.copyfile(source, target)
+        replace_atomically(target, lambda temporary: shutil.copyfile(source, temporary))
     if file_hash(target) != digest:
         raise UserError(f"{source} changed while it was copied to {target}: run the export again")
     print(f"copied the tokenizer {source} to {target}", file=sys.stderr)
@@ -253,8 +253,10 @@ def report_table(variants: list[Variant], module_accuracy: float, split: str) ->
 
 def main(args: list[str] | None = None) -> dict:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
+    given, remote = options.ckpt_path, not is_local(options.ckpt_path)
+    options.ckpt_path = local_checkpoint(options.ckpt_path)  # a URL's copy, in a folder of this user's
     cli = load_run(options.ckpt_path, overrides)
-    options.out = options.out or options.ckpt_path.resolve().parent.parent / "export"
+    options.out = options.out or (Path("export") if remote else options.ckpt_path.resolve().parent.parent / "export")
     options.out.mkdir(parents=True, exist_ok=True)
     spec = model_inputs(cli)
     tokenizer = copy_tokenizer(cli, options.out) if spec.sequence else None
@@ -269,12 +271,12 @@ def main(args: list[str] | None = None) -> dict:
     module_accuracy, lengths = measure(cli, options, variants, spec, example)
     results = [variant for variant, _ in variants.values()]
     Console(width=max(Console().width, 120)).print(report_table(results, module_accuracy, options.split))
-    report = {"checkpoint": str(options.ckpt_path), "format": options.format, "split": options.split,
+    report = {"checkpoint": redact(given), "format": options.format, "split": options.split,
               "module_accuracy": module_accuracy, "variants": [asdict(v) for v in results]}  # fmt: skip
     if tokenizer is not None:
         report.update(input=spec.name, tokenizer=tokenizer, sequence_lengths=lengths)
         print(f"checked at {len(lengths)} token lengths from {lengths[0]} to {lengths[-1]}", file=sys.stderr)
-    (options.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_json_atomically(options.out / "report.json", report)
     tokenizer_file = " with tokenizer.json" if tokenizer else ""
     print(f"exported to {options.out}{tokenizer_file} (report.json holds the table)")
     fp32 = variants["fp32"][0]

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
+from project.data.atomic import replace_atomically
+
 warnings.filterwarnings("ignore", message=r".*`torch.jit.\w+` is deprecated.*")  # TorchScript is asked for
 PRUNABLE = (nn.Linear, nn.modules.conv._ConvNd)
 Runner = Callable[[torch.Tensor], np.ndarray]
@@ -72,20 +74,30 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, inputs: Inp
     inputs = inputs or Inputs()
     # weights go inside the file unless protobuf's 2 GB limit forces an external data file
     large = sum(p.numel() * p.element_size() for p in model.parameters()) > 1.5e9
-    with torch.no_grad():
-        torch.onnx.export(model, (example,), str(path), input_names=[inputs.name], output_names=["logits"],
-                          dynamic_shapes=inputs.dynamic_shapes(), external_data=large, verbose=False)  # fmt: skip
+
+    def export(target: Path) -> None:
+        with torch.no_grad():
+            torch.onnx.export(model, (example,), str(target), input_names=[inputs.name], output_names=["logits"],
+                              dynamic_shapes=inputs.dynamic_shapes(), external_data=large, verbose=False)  # fmt: skip
+
+    if large:  # the graph names its data file: written in place, a rename would leave it the temporary's name
+        export(path)
+    else:
+        replace_atomically(path, export)  # whole or absent
 
 
 def export_torchscript(model: nn.Module, example: torch.Tensor, path: Path, inputs: Inputs | None = None) -> None:
     # traced, not scripted: the forward branches on dtype and shape, which tracing fixes for uint8 NCHW
     # (sizes read from the input, like a token batch's length, stay symbolic in the trace);
     # Lightning's to_torchscript lets the tracer walk the module without a trainer attached
-    with torch.no_grad():
-        if isinstance(model, L.LightningModule):
-            model.to_torchscript(str(path), method="trace", example_inputs=example)
-        else:
-            torch.jit.save(torch.jit.trace(model, example), str(path))
+    def export(target: Path) -> None:
+        with torch.no_grad():
+            if isinstance(model, L.LightningModule):
+                model.to_torchscript(str(target), method="trace", example_inputs=example)
+            else:
+                torch.jit.save(torch.jit.trace(model, example), str(target))
+
+    replace_atomically(path, export)  # whole or absent
 
 
 def onnx_runner(path: Path) -> Runner:
@@ -128,14 +140,26 @@ def quantize_onnx(source: Path, target: Path, mode: str, calibration: list[np.nd
             batch = next(self.batches, None)
             return None if batch is None else {name: batch}
 
-    prepared = target.with_name(f"{target.stem}.prepared.onnx")
-    quant_pre_process(str(source), str(prepared))
-    if mode == "dynamic-int8":
-        quantize_dynamic(str(prepared), str(target), weight_type=QuantType.QInt8)
-    else:
-        quantize_static(str(prepared), str(target), Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
-    prepared.unlink()
+    def quantize(temporary: Path) -> None:
+        prepared = temporary.with_name(f"{temporary.stem}.prepared.onnx")
+        quant_pre_process(str(source), str(prepared))
+        try:
+            if mode == "dynamic-int8":
+                quantize_dynamic(str(prepared), str(temporary), weight_type=QuantType.QInt8)
+            else:
+                quantize_static(
+                    str(prepared),
+                    str(temporary),
+                    Batches(),
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=True,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                )
+        finally:
+            prepared.unlink(missing_ok=True)
+
+    replace_atomically(target, quantize)  # whole or absent
 
 
 def file_sizes(path: Path) -> tuple[float, float]:

@@ -26,15 +26,13 @@ from project.evaluate import checked_run_config, early_arguments
 from project.tasks import WORKER_MODULES
 
 
-def checkpoint_classes(path: Path) -> list[str] | None:
+def checkpoint_classes(path: str) -> list[str] | None:
     """The class names a checkpoint's model was trained with (its hyperparameters), if it records them."""
-    import torch
+    from project.callbacks.checkpoint_io import load_checkpoint_file
 
-    try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception:  # noqa: BLE001 - not loadable this way: the data's own class names are used
-        return None
-    names = (checkpoint.get("hyper_parameters") or {}).get("class_names")
+    checkpoint = load_checkpoint_file(path)  # weights only: a file that would run code is refused here
+    hyperparameters = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    names = (hyperparameters if isinstance(hyperparameters, dict) else {}).get("class_names")
     return [str(name) for name in names] if isinstance(names, list | tuple) and names else None
 
 
@@ -49,7 +47,7 @@ def main(args: list[str] | None = None) -> int:
         if known.predict is None:
             raise UserError("--data.predict is required: the shards or folder of files to predict on")
         check_output(Path(known.out))
-        classes = checkpoint_classes(Path(known.ckpt_path)) if known.classes is None else None
+        classes = checkpoint_classes(known.ckpt_path) if known.classes is None else None
         if classes:  # the model's own classes: the training data need not be there any more
             args = [f"--data.classes={json.dumps(classes)}", *args]
         start_forkserver_for(args, WORKER_MODULES)  # before the imports below, beside them

@@ -34,7 +34,9 @@ from optuna_integration import PyTorchLightningPruningCallback
 from rich.console import Console
 from rich.table import Table
 
+from project.callbacks.save_config import redacted_config
 from project.cli import ConfigOnlyCLI, ProjectCLI, print_train_help
+from project.data.redact import redact
 from project.errors import UserError, run_main
 from project.tune_common import (
     as_flags,
@@ -123,7 +125,8 @@ def run_trial(trial: optuna.Trial, flags: list[str], metric: str) -> float:
         )
     log_dir = getattr(trainer.logger, "log_dir", None)
     trial.set_user_attr("run_folder", str(log_dir) if log_dir else "")
-    trial.set_user_attr("config", cli.parser.dump(cli.config, skip_none=False))
+    # the study's database is shared and outlives the run: the configuration goes in without its secrets
+    trial.set_user_attr("config", cli.parser.dump(redacted_config(cli.config), skip_none=False))
     trainer.fit(cli.model, datamodule=cli.datamodule)
     value = trainer.callback_metrics.get(metric)
     if value is None:
@@ -191,7 +194,7 @@ def open_study(storage: str, name: str, search: dict, sampler: optuna.samplers.B
                                     direction=search["direction"], load_if_exists=True)  # fmt: skip
     except (ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError) as error:
         reason = str(error).splitlines()[0]  # a missing driver, a bad url, an unreachable database
-        raise UserError(f"--storage {storage}: {reason}") from None
+        raise UserError(f"--storage {redact(storage)}: {reason}") from None
     metric = study.user_attrs.get("metric")
     if metric is None:
         study.set_user_attr("metric", search["metric"])
@@ -228,7 +231,7 @@ def main(args: list[str] | None = None) -> optuna.Study | None:
     storage = options.storage or f"sqlite:///{folder / 'study.db'}"
     sampler, pruner = optuna.samplers.TPESampler(), make_pruner(search.get("pruner"))
     study = open_study(storage, name, search, sampler, pruner)
-    print(f"study {name} in {storage}", file=sys.stderr)
+    print(f"study {name} in {redact(storage)}", file=sys.stderr)
     started = time.perf_counter()
     try:
         optimize(study, options.n_trials, overrides, config, search, folder)

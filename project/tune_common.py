@@ -10,6 +10,8 @@ from typing import Any
 import yaml
 
 from project.cli import CONFIG_DIR
+from project.data.atomic import write_text_atomically
+from project.data.redact import redact_value
 from project.errors import UserError
 
 DEFAULT_SEARCH = CONFIG_DIR / "tune" / "default.yaml"
@@ -85,6 +87,5 @@ def best_config(config: dict, path: Path, title: str) -> Path:
         logger["init_args"]["version"] = None  # a fresh version_N, not the trial's folder
     config["trainer"]["default_root_dir"] = None
     header = f"# {title}\n# the whole configuration it ran with; train it: python -m project.train --config {path}\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + yaml.safe_dump(config, sort_keys=False))
+    write_text_atomically(path, header + yaml.safe_dump(redact_value(config), sort_keys=False))
     return path

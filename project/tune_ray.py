@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 from lightning.pytorch import Callback
 
+from project.data.atomic import write_text_atomically
 from project.errors import UserError
 from project.tune_common import as_flags, best_config, short, trial_flags, versioned_logger
 
@@ -194,7 +195,7 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
             tuner = tune.Tuner.restore(str(experiment), trainable=function, resume_errored=True)
         else:
             folder.mkdir(parents=True, exist_ok=True)
-            stored.write_text(yaml.safe_dump(settings))
+            write_text_atomically(stored, yaml.safe_dump(settings))
             tuner = tune.Tuner(
                 function,
                 param_space=space(search["params"]),

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from webdataset import TarWriter
 
-from project.data.shards import INDEX_NAME, Shard, write_index
+from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.data.workers import proc_stat, start_forkserver
 from project.tasks import WORKER_MODULES
 from project.tasks.image.data import ImageShards

@@ -19,7 +19,7 @@ from webdataset import TarWriter
 from project.data.batch import Batch
 from project.data.datamodule import ShardDataModule
 from project.data.samples import Sample
-from project.data.shards import INDEX_NAME, Shard, write_index
+from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.errors import DecodeError
 
 FEATURES = 8

@@ -14,7 +14,8 @@ import pytest
 
 from project.active import labeled as labeled_set
 from project.data.samples import count_samples, read_samples
-from project.data.shards import INDEX_NAME, read_index, resolve_shards
+from project.data.shard_index import INDEX_NAME, read_index
+from project.data.shards import resolve_shards
 
 from .conftest import REPO, run_here, write_shards
 from .test_cli import assert_user_error

@@ -24,7 +24,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from project.callbacks.atomic_checkpoint import AtomicCheckpointIO, check_checkpoint
+from project.callbacks.checkpoint_io import AtomicCheckpointIO, check_checkpoint
 from project.callbacks.dead_worker import dead_worker
 from project.data.atomic import PARTIAL, write_atomically
 from project.errors import UserError

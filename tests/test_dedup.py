@@ -30,7 +30,7 @@ from project.shards.duplicates import deduplicate, hash_records
 from project.shards.matching import groups, minhash_pairs, phash_pairs, popcount
 from project.shards.parallel import Pool
 from project.shards.prepare import prepare
-from project.shards.sources import Record, sanitize_key
+from project.shards.records import Record, sanitize_key
 
 from .conftest import run_here
 from .planted import pair_scores, planted_images

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from webdataset import TarWriter
 
-from project.data.shards import INDEX_NAME, Shard, write_index
+from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.errors import UserError
 from project.export import main
 

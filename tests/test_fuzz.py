@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from project.data.samples import REFUSED, count_samples, read_samples
-from project.data.shards import Shard
+from project.data.shard_index import Shard
 from project.data.stream import ShardStream
 from project.errors import ShardError, UserError
 from project.shards.index import scan_shard

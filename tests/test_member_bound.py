@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from project.data.samples import REFUSED, read_samples
-from project.data.shards import Shard
+from project.data.shard_index import Shard
 from project.data.stream import ShardStream
 from project.data.tarreader import tar_members
 from project.errors import ShardError, UserError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import struct
 import subprocess
 from collections import Counter
@@ -13,11 +14,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from project.data.atomic import PARTIAL
 from project.data.samples import read_samples
 from project.data.shards import resolve_shards
 from project.shards.index import build_index
 from project.shards.prepare import prepare
-from project.shards.sources import sanitize_key
+from project.shards.records import sanitize_key
 
 from .conftest import run_here
 
@@ -153,13 +155,14 @@ def test_a_restart_keeps_finished_shards_and_redoes_the_rest(image_folder, tmp_p
     kept, lost = shards[0], shards[1]
     kept_time = kept.stat().st_mtime_ns
     lost.unlink()  # as if the run had stopped before this shard ...
-    Path(f"{lost}.1234.tmp").write_bytes(lost.name.encode())  # ... in the middle of writing it
+    dead = lost.with_name(f".{lost.name}~{socket.gethostname()}~{2**22 + 1}~abcd{PARTIAL}")  # a dead writer's
+    dead.write_bytes(lost.name.encode())  # ... in the middle of writing it
     (out / "train" / "shardindex.json").unlink()
     prepare(str(root), out, samples_per_shard=4, workers=2, quiet=True)
     assert kept.stat().st_mtime_ns == kept_time, "a finished shard was rewritten"
     assert lost.exists()
     assert_round_trip(out, expected)
-    assert not list((out / "train").glob("*.tmp")), "a half-written shard was left behind"
+    assert not list((out / "train").glob(f".*{PARTIAL}*")), "a half-written shard was left behind"
     args = [str(root), "--out", str(out), "--samples-per-shard", "4", "--seed", "5"]
     result = run_here("project.data.prepare", *args, cwd=tmp_path)
     assert result.returncode == 2 and "holds a prepare run with other settings (seed)" in result.stderr

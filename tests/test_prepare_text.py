@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
+import socket
 from pathlib import Path
 
 import pytest
 from webdataset import TarWriter
 
+from project.data.atomic import PARTIAL
 from project.data.samples import read_samples
-from project.data.shards import INDEX_NAME, Shard, read_index, write_index
+from project.data.shard_index import INDEX_NAME, Shard, read_index, write_index
 from project.errors import UserError
 from project.shards.prepare import prepare
 from project.shards.text_sources import is_text
@@ -255,11 +257,11 @@ def test_a_restart_keeps_finished_text_shards(tmp_path):
     kept_time = kept.stat().st_mtime_ns
     for shard in lost:  # the pool then writes text shards in 2 worker processes
         shard.unlink()
-    Path(f"{lost[0]}.999.tmp").write_bytes(b"half")
+    lost[0].with_name(f".{lost[0].name}~{socket.gethostname()}~{2**22 + 1}~abcd{PARTIAL}").write_bytes(b"half")
     (out / "train" / INDEX_NAME).unlink()
     second = prepare(str(listing), out, samples_per_shard=4, workers=2, quiet=True)
     assert kept.stat().st_mtime_ns == kept_time, "a finished shard was rewritten"
-    assert all(shard.exists() for shard in lost) and not list((out / "train").glob("*.tmp"))
+    assert all(shard.exists() for shard in lost) and not list((out / "train").glob(f".*{PARTIAL}*"))
     assert merged(out) == before  # read_back also checks the index's counts against the shards
     assert first.bad_rows == second.bad_rows == 1
     with pytest.raises(UserError, match=r"other settings \(label_column\)"):  # text settings are in the manifest

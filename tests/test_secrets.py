@@ -20,8 +20,9 @@ import pytest
 
 from project.data.redact import redact, redact_text, redact_value
 from project.data.remote import cached, without_userinfo
-from project.data.shards import Shard as ShardEntry
-from project.data.shards import read_index, resolve_shards, write_index
+from project.data.shard_index import Shard as ShardEntry
+from project.data.shard_index import read_index, write_index
+from project.data.shards import resolve_shards
 from project.tasks.image.demo import make_demo
 
 from .conftest import run_here, run_module
@@ -182,7 +183,7 @@ def _tiny_tar() -> bytes:
 
 
 def test_relative_shards_of_an_object_store_index_join_under_its_folder():
-    from project.data.shards import _resolve_url
+    from project.data.shard_index import _resolve_url
 
     assert _resolve_url("train-000000.tar", "s3://bucket/train/shardindex.json") == "s3://bucket/train/train-000000.tar"
     assert _resolve_url("../x/a.tar", "gs://b/ds/train/shardindex.json?t=1") == "gs://b/ds/x/a.tar?t=1"

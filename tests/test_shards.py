@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from project.data.shards import INDEX_NAME, read_index, resolve_shards, write_index
+from project.data.shard_index import INDEX_NAME, read_index, write_index
+from project.data.shards import resolve_shards
 from project.errors import ShardError, UserError
 
 

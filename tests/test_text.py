@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from webdataset import TarWriter
 
 from project.data.samples import read_samples
-from project.data.shards import INDEX_NAME, Shard, resolve_shards, write_index
+from project.data.shard_index import INDEX_NAME, Shard, write_index
+from project.data.shards import resolve_shards
 from project.shards.prepare import prepare
 from project.tasks.text import TextClassifier, TextShards
 from project.tasks.text.demo import CLASSES, write_csv

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from webdataset import TarWriter
 
-from project.data.shards import INDEX_NAME, Shard, read_index, write_index
+from project.data.shard_index import INDEX_NAME, Shard, read_index, write_index
 from project.errors import UserError
 from project.tasks.text import tokenizer as tok
 from project.tasks.text.tokenizer import (

@@ -12,7 +12,7 @@ import csv
 import statistics
 from pathlib import Path
 
-from project.active.atomic import replace_atomically
+from project.data.atomic import replace_atomically
 
 SUMMARY_FIELDS = ["strategy", "round", "labeled", "acc_mean", "acc_std", "acc_min", "acc_max", "seeds"]
 ROUND_FIELDS = ["strategy", "seed", "round", "labeled", "acc"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from project.data.remote import is_remote, local_path
 from project.data.samples import read_samples
-from project.data.shards import INDEX_NAME, Shard, ShardIndex, read_index, write_index
+from project.data.shard_index import INDEX_NAME, Shard, ShardIndex, read_index, write_index
 from project.errors import UserError
 from project.shards.tarwriter import FastTarWriter
 

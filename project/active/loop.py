@@ -24,12 +24,14 @@ import torch
 from lightning.pytorch import Callback
 
 from project.active import labeled as labeled_set
-from project.active.atomic import replace_atomically, write_json
 from project.active.oracle import REQUEST, read_answers, write_request
 from project.active.strategies import Selected, Strategy, make_strategy
+from project.callbacks.checkpoint_io import load_checkpoint_file
+from project.data.atomic import replace_atomically, write_json_atomically
 from project.data.loader import EpochLoader
 from project.data.redact import redact
-from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
+from project.data.shard_index import INDEX_NAME, ShardIndex
+from project.data.shards import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import UserError
 
@@ -118,7 +120,7 @@ class ActiveLoop:
             if not model_needed:
                 return json.loads(done.read_text()), None
             cli = self.round_cli(number, folder)
-            cli.model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
+            cli.model.load_state_dict(load_checkpoint_file(checkpoint)["state_dict"])
             return json.loads(done.read_text()), cli
         cli = self.round_cli(number, folder)
         size = cli.datamodule.index("train").nsamples
@@ -126,7 +128,7 @@ class ActiveLoop:
         what = f"{self.strategy}, seed {self.seed}, round {number}"
         warm = self.settings.warm_start and previous.exists()
         if warm:
-            cli.model.load_state_dict(torch.load(previous, map_location="cpu", weights_only=True)["state_dict"])
+            cli.model.load_state_dict(load_checkpoint_file(previous)["state_dict"])
         start = f" from round {number - 1}'s weights" if warm else ""
         print(f"\n{what}: training on {size} labeled samples{start}", file=sys.stderr)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -135,7 +137,7 @@ class ActiveLoop:
         for run in (cli.trainer.validate, cli.trainer.test):
             for result in run(cli.model, datamodule=cli.datamodule, verbose=False):
                 metrics.update({key: float(value) for key, value in result.items()})
-        write_json(done, metrics)
+        write_json_atomically(done, metrics)
         print(f"{what}: test/acc {metrics.get('test/acc', float('nan')):.4f} with {size} labels", file=sys.stderr)
         return metrics, cli
 
@@ -145,8 +147,7 @@ class ActiveLoop:
         """The round's selection from the pool (read back when it was made before)."""
         path = folder / "selected.csv"
         if path.exists():
-            with open(path, newline="") as stream:
-                return [Selected(row["key"], row["shard"], float(row["score"])) for row in csv.DictReader(stream)]
+            return self.read_selection(path)
         settings = self.settings
         strategy = make_strategy(self.strategy, settings.budget, self.seed, number, settings.candidates)
         labeled = labeled_set.labeled_keys(self.labeled)
@@ -162,13 +163,39 @@ class ActiveLoop:
         if not selected:
             raise UserError(f"the pool has no unlabeled samples left to select (round {number})")
 
+        # the shard as people may see it (redacted), and its number in the pool's index: what a resumed loop
+        # reads back, to take the real url from the pool again
+        number_of = {shard.url: position for position, shard in enumerate(settings.pool.shards)}
+
         def write(temporary: Path) -> None:
             with open(temporary, "w", newline="") as stream:
                 writer = csv.writer(stream)
-                writer.writerow(["key", "shard", "score"])
-                writer.writerows([item.key, redact(item.url), repr(item.score)] for item in selected)
+                writer.writerow(["key", "shard", "score", "shard_number"])
+                writer.writerows(
+                    [item.key, redact(item.url), repr(item.score), number_of[item.url]] for item in selected
+                )
 
         replace_atomically(path, write)
+        return selected
+
+    def read_selection(self, path: Path) -> list[Selected]:
+        """A round's selection as `select` wrote it, each key with its shard's real url from the pool's index
+        (the file shows it redacted); a pool that changed since is one line."""
+        shards = self.settings.pool.shards
+        selected = []
+        with open(path, newline="") as stream:
+            for row in csv.DictReader(stream):
+                number = row.get("shard_number")
+                if number is None:  # written before the column existed: its url is the real one
+                    url = row["shard"]
+                elif number.isdigit() and int(number) < len(shards):
+                    url = shards[int(number)].url
+                else:
+                    url = None
+                if url is None or redact(url) != row["shard"]:
+                    raise UserError(f"{path}: shard {row['shard']} of key {row['key']!r} is not where it was in the "
+                                    f"pool ({self.settings.pool_spec!r}): give the same --pool as before")  # fmt: skip
+                selected.append(Selected(row["key"], url, float(row["score"])))
         return selected
 
     def labeled_embeddings(self, cli: Any) -> torch.Tensor:
@@ -195,8 +222,9 @@ class ActiveLoop:
         return True
 
     def save_state(self, rows: list[dict], status: str) -> None:
-        write_json(self.folder / "state.json", {"strategy": self.strategy, "seed": self.seed, "status": status,
-                                                "labeled_set": str(self.labeled), "rounds": rows})  # fmt: skip
+        state = {"strategy": self.strategy, "seed": self.seed, "status": status, "labeled_set": str(self.labeled),
+                 "rounds": rows}  # fmt: skip
+        write_json_atomically(self.folder / "state.json", state)
 
 
 def round_shard(number: int) -> str:

@@ -9,15 +9,15 @@ bad row, what is wrong with the others.
 from __future__ import annotations
 
 import csv
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
 
-from project.active.atomic import replace_atomically
+from project.data.atomic import replace_atomically
 from project.errors import UserError
-from project.shards.inspect import contact_sheet
+from project.shards.inspect import TILE, contact_sheet
+from project.tasks.image.decode import decode_image
 
 REQUEST = "to_label.csv"
 SHEET = "to_label.png"
@@ -43,8 +43,8 @@ def _tile(data: bytes | None) -> Image.Image:
     try:
         if data is None:
             raise ValueError("no image")
-        return Image.open(io.BytesIO(data)).convert("RGB")
-    except Exception:  # undecodable (or no) image: a grey tile keeps the row numbers in step
+        return decode_image(data, size=TILE)  # the pixel bound, from the header; JPEGs at a reduced scale
+    except Exception:  # noqa: BLE001 - undecodable (or no) image: a grey tile keeps the row numbers in step
         return Image.new("RGB", (64, 64), (128, 128, 128))
 
 

@@ -43,7 +43,8 @@ from project.active.curves import claim_lines, compare, summarize, write_curves
 from project.active.loop import WAITING, ActiveLoop, Settings, get_labels
 from project.active.strategies import make_strategy, parse_strategies
 from project.cli import CONFIG_DIR, ConfigOnlyCLI, import_class, print_train_help
-from project.data.shards import INDEX_NAME, SHARD_SUFFIXES, ShardIndex, read_index, resolve_shards
+from project.data.shard_index import INDEX_NAME, ShardIndex, read_index
+from project.data.shards import SHARD_SUFFIXES, resolve_shards
 from project.errors import UserError
 from project.tasks.labels import index_classes
 

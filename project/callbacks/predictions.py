@@ -17,10 +17,11 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import lightning as L
 
+from project.data.atomic import replace_atomically, write_atomically, write_json_atomically
 from project.errors import UserError
 
 FORMATS = (".jsonl", ".parquet")
@@ -94,7 +95,8 @@ class PredictionWriter(L.Callback):
                              batch_idx: int, dataloader_idx: int = 0) -> None:  # fmt: skip
         lines = "".join(json.dumps(row) + "\n" for row in self.rows_of(outputs)).encode()
         self.file.write(lines)
-        self.file.flush()  # in the OS before the progress says so: a SIGKILL loses neither
+        self.file.flush()
+        os.fsync(self.file.fileno())  # on disk before the progress says so: neither a kill nor a crash loses rows
         self.batches, self.bytes, self.rows = self.batches + 1, self.bytes + len(lines), self.rows + len(outputs.keys)
         self.save_progress(done=False)
 
@@ -117,9 +119,7 @@ class PredictionWriter(L.Callback):
 
     def save_progress(self, done: bool) -> None:
         state = {"plan": self.plan_now, "batches": self.batches, "bytes": self.bytes, "rows": self.rows, "done": done}
-        temporary = self.progress_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(state))
-        os.replace(temporary, self.progress_path)
+        write_json_atomically(self.progress_path, state)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.file.close()
@@ -143,15 +143,20 @@ def part_lines(parts: Path, world_size: int) -> Iterator[bytes]:
 
 def merge(parts: Path, world_size: int, out: Path, embeddings: bool = False) -> int:
     """The parts as one file at `out` (JSONL as is, or Parquet in row groups); returns the row count."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     rows = 0
     if out.suffix == ".jsonl":
-        with open(temporary, "wb") as merged:
+
+        def write(merged: IO[bytes]) -> None:
+            nonlocal rows
             for line in part_lines(parts, world_size):
                 merged.write(line)
                 rows += 1
-    else:
+
+        write_atomically(out, write)  # whole or absent
+        return rows
+
+    def write_parquet(temporary: Path) -> None:
+        nonlocal rows
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -160,7 +165,7 @@ def merge(parts: Path, world_size: int, out: Path, embeddings: bool = False) -> 
                   ("label", pa.string())]  # fmt: skip
         fields += [("embedding", pa.list_(pa.float32()))] if embeddings else []
         schema, chunk = pa.schema(fields), []
-        with pq.ParquetWriter(temporary, schema) as writer:
+        with pq.ParquetWriter(str(temporary), schema) as writer:
             for line in part_lines(parts, world_size):
                 chunk.append(json.loads(line))
                 if len(chunk) == PARQUET_ROWS:
@@ -168,5 +173,6 @@ def merge(parts: Path, world_size: int, out: Path, embeddings: bool = False) -> 
                     rows, chunk = rows + len(chunk), []
             writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
             rows += len(chunk)
-    os.replace(temporary, out)
+
+    replace_atomically(out, write_parquet)  # whole or absent
     return rows

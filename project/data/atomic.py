@@ -1,12 +1,14 @@
 """Files written whole or not at all: a temporary file in the destination's own folder, flushed and fsync'ed,
 renamed over the destination (`os.replace`, atomic on POSIX and Windows), and the rename made durable. A
 reader, or a run started after a kill at any moment, sees the old file or the new one. Checkpoints and
-config.yaml (project/callbacks/atomic_checkpoint.py), shard indexes, the tokenizer and active learning's
-files all go through here."""
+config.yaml (project/callbacks/checkpoint_io.py, save_config.py), shard indexes and shards, the remote cache,
+the tokenizer, prepare's manifest and reports, export's models and report, predict's progress and output,
+best.yaml and active learning's files all go through here: the one atomic writer."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import socket
@@ -16,7 +18,14 @@ from typing import IO
 
 from project.data.workers import process_alive
 
-PARTIAL = ".partial"  # `.<name>~<host>~<pid>~<random>.partial`: never matches Lightning's `*.ckpt` globs
+PARTIAL = ".partial"  # in the temporary's name: see `_temporary`
+
+
+def _temporary(path: Path, keep_suffix: bool = False) -> Path:
+    """`.<name>~<host>~<pid>~<random>.partial[<suffix>]` beside `path`: never matches a reader's glob (`*.ckpt`,
+    `*.tar`), and names the process that writes it, so a dead writer's temporary can be removed."""
+    suffix = path.suffix if keep_suffix else ""
+    return path.with_name(f".{path.name}~{socket.gethostname()}~{os.getpid()}~{secrets.token_hex(4)}{PARTIAL}{suffix}")
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
@@ -26,7 +35,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]
     folder = path.parent
     folder.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(folder)
-    temporary = folder / f".{path.name}~{socket.gethostname()}~{os.getpid()}~{secrets.token_hex(4)}{PARTIAL}"
+    temporary = _temporary(path)
     # os.open: the umask applies (0666 & ~umask), as for any file; mkstemp would make it private (0600)
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
@@ -40,6 +49,34 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]
             os.unlink(temporary)
         raise
     fsync_folder(folder)
+
+
+def replace_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+    """`write_atomically` for writers that need a path: `write(temporary)`, where the temporary keeps the
+    suffix (PIL, matplotlib and ONNX pick the format from it); removed if the write fails."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(path.parent)
+    temporary = _temporary(path, keep_suffix=True)
+    try:
+        write(temporary)
+        with open(temporary, "rb+") as stream:
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    fsync_folder(path.parent)
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    """A text file (UTF-8), whole or not at all."""
+    data = text.encode("utf-8")
+    write_atomically(path, lambda stream: stream.write(data))
+
+
+def write_json_atomically(path: str | os.PathLike, data: object) -> None:
+    """A JSON file, indented, whole or not at all."""
+    write_text_atomically(path, json.dumps(data, indent=1) + "\n")
 
 
 def fsync_folder(folder: Path) -> None:
@@ -58,25 +95,12 @@ def fsync_folder(folder: Path) -> None:
 def remove_stale_partials(folder: Path) -> None:
     """Remove the temporary files in `folder` whose writer, a process of this machine, is gone."""
     host = socket.gethostname()
-    for partial in folder.glob(f".*{PARTIAL}"):
-        parts = partial.name[: -len(PARTIAL)].split("~")
-        if len(parts) != 4 or parts[1] != host or not parts[2].isdigit():
+    for partial in folder.glob(f".*{PARTIAL}*"):
+        head, found, _ = partial.name.rpartition(PARTIAL)
+        parts = head.split("~")
+        if not found or len(parts) != 4 or parts[1] != host or not parts[2].isdigit():
             continue
         pid = int(parts[2])
         if pid != os.getpid() and not process_alive(pid):
             with contextlib.suppress(OSError):
                 partial.unlink()
-
-
-def replace_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """`write_atomically` for writers that need a path: `write(temporary)`, where the temporary keeps the
-    suffix (PIL and matplotlib pick the format from it); removed if the write fails."""
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(temporary)
-        with open(temporary, "rb+") as stream:
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    fsync_folder(path.parent)

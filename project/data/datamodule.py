@@ -16,14 +16,15 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from project.data.batch import Batch, Skipped
+from project.data.batch import Batch
 from project.data.files import is_plain_folder, pack_folder
-from project.data.health import SkipLedger
+from project.data.health import SkipAccounting, SkipLedger
 from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
 from project.data.redact import redact_hparams
 from project.data.samples import MAX_MEMBER_BYTES, Sample
-from project.data.shards import Shard, ShardIndex, resolve_shards
+from project.data.shard_index import Shard, ShardIndex
+from project.data.shards import resolve_shards
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, start_forkserver
 from project.errors import UserError, check_positive
@@ -32,7 +33,7 @@ DataSpec = str | list[str]
 SPLITS = ("train", "val", "test")  # the splits of `root`; `predict` is only ever given explicitly
 
 
-class ShardDataModule(L.LightningDataModule):
+class ShardDataModule(SkipAccounting, L.LightningDataModule):
     """Streams samples from WebDataset tar shards; a task's subclass decodes and collates them.
 
     Each split is read through a shard index, so every epoch is planned exactly: training batches are
@@ -270,28 +271,6 @@ class ShardDataModule(L.LightningDataModule):
         """The restored training position, once: only the first pass after a restore resumes."""
         position, self._resume_position = self._resume_position, None
         return position
-
-    # -- unreadable samples ---------------------------------------------------------------------------
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Count the samples the stream skipped, warn at a bounded rate, stop past the limit."""
-        if isinstance(batch, Batch) and batch.skipped:  # not a Batch: the model summary's example input
-            self.record_skipped(batch.skipped)
-        return batch
-
-    def record_skipped(self, skipped: list[Skipped]) -> None:
-        """Count skipped samples in this pass's ledger (a task that drops samples later calls it too)."""
-        trainer = self.trainer
-        if trainer is None:
-            return
-        stage = "train" if trainer.training else "val" if (trainer.validating or trainer.sanity_checking) else "test"
-        stage = "predict" if trainer.predicting else stage
-        ledger = self._ledgers.get(stage)
-        if ledger is None or ledger.epoch != trainer.current_epoch:
-            planned = sum(shard.nsamples for shard in self.shards(stage)) // trainer.world_size
-            ledger = SkipLedger(stage, trainer.current_epoch, planned, self.max_skipped_fraction)
-            self._ledgers[stage] = ledger
-        ledger.record(skipped)
 
     def __getstate__(self) -> dict[str, Any]:
         """What the DataLoader workers get of this module (the stream's task): no trainer, loaders or shards."""

@@ -2,10 +2,10 @@
 .txt files) instead of shards.
 
 Each file the task can read (by suffix) becomes one sample, packed once into uncompressed tar shards in a
-temporary folder named after the folder's listing (paths, sizes and modification times): a second run over
-the same files reuses the shards, so a killed predict resumes on the same plan, and a changed folder gets
-new ones. The packing is deterministic and lands with one rename, so ranks that pack the same folder at the
-same time agree without talking to each other.
+temporary folder of this user's alone (`project.data.private`), named after the folder's listing (paths,
+sizes and modification times): a second run over the same files reuses the shards, so a killed predict
+resumes on the same plan, and a changed folder gets new ones. The packing is deterministic and lands with one
+rename, so ranks that pack the same folder at the same time agree without talking to each other.
 
 A sample's key is the file's path relative to the folder, with the dots and percent signs of its file name
 escaped (webdataset's key rule ends a key at the file name's first dot): `unpack_key` gives the path back.
@@ -20,7 +20,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from project.data.shards import INDEX_NAME, SHARD_SUFFIXES, Shard, write_index
+from project.data.private import private_folder
+from project.data.shard_index import INDEX_NAME, Shard, write_index
+from project.data.shards import SHARD_SUFFIXES
 from project.errors import UserError
 
 FILES_PER_SHARD = 1000
@@ -70,10 +72,11 @@ def pack_folder(folder: str, suffixes: frozenset[str], cache: str | None = None)
     for path in files:
         stat = path.stat()
         digest.update(f"\0{path.relative_to(source).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-    target = Path(cache or tempfile.gettempdir()) / "lightning-shards-files" / digest.hexdigest()[:24]
+    # a folder of this user's alone: in the shared /tmp, another user could plant an index at a name a hash
+    # of the listing makes predictable
+    target = private_folder("files", cache) / digest.hexdigest()[:24]
     if (target / INDEX_NAME).exists():
         return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         shards = [write_shard(building / f"files-{number:06d}.tar", source, files[start : start + FILES_PER_SHARD])

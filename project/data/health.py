@@ -7,8 +7,9 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
-from project.data.batch import Skipped
+from project.data.batch import Batch, Skipped
 from project.data.redact import redact, redact_text
 from project.errors import ShardError
 
@@ -56,3 +57,30 @@ class SkipLedger:
                 f"{self.skipped} of the {self.planned} {self.stage} samples of this epoch are unreadable, "
                 f"more than data.max_skipped_fraction={self.max_fraction:g}; worst shards: {worst}"
             )
+
+
+class SkipAccounting:
+    """A data module's accounting of the samples the stream skipped, a ledger per stage and pass (mixed into
+    `ShardDataModule`, which provides `trainer`, `shards(stage)` and `max_skipped_fraction`)."""
+
+    _ledgers: dict[str, SkipLedger]  # the current pass's, by stage
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Count the samples the stream skipped, warn at a bounded rate, stop past the limit."""
+        if isinstance(batch, Batch) and batch.skipped:  # not a Batch: the model summary's example input
+            self.record_skipped(batch.skipped)
+        return batch
+
+    def record_skipped(self, skipped: list[Skipped]) -> None:
+        """Count skipped samples in this pass's ledger (a task that drops samples later calls it too)."""
+        trainer = self.trainer
+        if trainer is None:
+            return
+        stage = "train" if trainer.training else "val" if (trainer.validating or trainer.sanity_checking) else "test"
+        stage = "predict" if trainer.predicting else stage
+        ledger = self._ledgers.get(stage)
+        if ledger is None or ledger.epoch != trainer.current_epoch:
+            planned = sum(shard.nsamples for shard in self.shards(stage)) // trainer.world_size
+            ledger = SkipLedger(stage, trainer.current_epoch, planned, self.max_skipped_fraction)
+            self._ledgers[stage] = ledger
+        ledger.record(skipped)

@@ -18,8 +18,9 @@ Every guarantee of the data path is decided here, so each is testable without pr
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -41,11 +42,44 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class BatchSizes(Sequence):
+    """The sizes of `number` batches, the first `larger` of them holding `size + 1` samples and the rest `size`,
+    without a list of them: memory stays the same whatever the number an index declares."""
+
+    number: int
+    size: int
+    larger: int = 0
+
+    def __len__(self) -> int:
+        return self.number
+
+    def __getitem__(self, item: int | slice) -> int | BatchSizes:
+        if isinstance(item, slice):
+            start, stop, step = item.indices(self.number)
+            if step != 1:
+                raise ValueError("batch sizes are sliced with step 1 only")
+            stop = max(start, stop)
+            return BatchSizes(stop - start, self.size, max(0, min(stop, self.larger) - start))
+        index = item + self.number if item < 0 else item
+        if not 0 <= index < self.number:
+            raise IndexError(item)
+        return self.size + (index < self.larger)
+
+    def __iter__(self) -> Iterator[int]:
+        rest = self.number - self.larger
+        return itertools.chain(itertools.repeat(self.size + 1, self.larger), itertools.repeat(self.size, rest))
+
+    @property
+    def total(self) -> int:
+        return self.number * self.size + self.larger
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """What one DataLoader worker of one rank reads this epoch, in order, and how it batches it."""
 
     segments: tuple[Segment, ...]
-    batch_sizes: tuple[int, ...]  # the worker's batches, in order; they add up to its samples
+    batch_sizes: BatchSizes  # the worker's batches, in order; they add up to its samples
     shuffle_seed: int | None  # None: keep the stored order (evaluation)
 
     @property
@@ -124,7 +158,7 @@ def train_plan(
         # one seed per (epoch, rank, worker): buffers shuffle differently but reproducibly everywhere
         shuffle_seed = int(np.random.default_rng([seed, epoch, rank, worker]).integers(2**63))
         segments = slice_stream(counts, order, begin, end)
-        plans.append(WorkerPlan(segments, (batch_size,) * (last - first), shuffle_seed))
+        plans.append(WorkerPlan(segments, BatchSizes(last - first, batch_size), shuffle_seed))
     return plans
 
 
@@ -142,12 +176,15 @@ def eval_plan(
             f"batch_size {batch_size}: raise data.batch_size or add samples"
         )
     begin = sum(rank_sizes[:rank])
-    batch_sizes = [stop - start for start, stop in split_evenly(rank_sizes[rank], max(nbatches, 1))][:nbatches]
+    # split_evenly(rank_sizes[rank], nbatches), as sizes: the first `remainder` batches hold one more
+    size, remainder = divmod(rank_sizes[rank], nbatches) if nbatches else (0, 0)
+    batch_sizes = BatchSizes(nbatches, size, remainder)
     order = shard_order(len(counts), 0, 0, shuffle=False)
     plans = []
     for first, last in split_evenly(nbatches, num_workers):
-        end = begin + sum(batch_sizes[first:last])
-        plans.append(WorkerPlan(slice_stream(counts, order, begin, end), tuple(batch_sizes[first:last]), None))
+        sizes = batch_sizes[first:last]
+        end = begin + sizes.total
+        plans.append(WorkerPlan(slice_stream(counts, order, begin, end), sizes, None))
         begin = end
     return plans
 

@@ -1,25 +1,51 @@
-"""Secrets in URLs never reach disk or screen: what the project writes or prints shows a URL with its
-userinfo (`user:token@`) and every query value (presigned signatures, SAS tokens) replaced by `***`.
+"""Secrets in URLs and commands never reach disk or screen: what the project writes or prints shows them as `***`.
+
+This module is the one choke point for that. What counts as a secret:
+- in a URL: the userinfo (`user:token@`), every query value (presigned signatures, SAS tokens), the fragment,
+  and any path segment that looks like a token (20 or more letters and digits of both cases, or 32 or more
+  hex digits: `https://host/<token>/shard.tar`);
+- in a `pipe:` command: every argument but the program, options, URLs (redacted as above), paths and short
+  lower-case words, and always the argument after an option that carries a credential (`-u`, `-H`, ...);
+- in any text: the above, and the value after `Authorization:`, `Bearer` or `Basic`.
 
 The real URL is still what is read: only its copies in config.yaml, hparams.yaml, TensorBoard, checkpoints,
-warnings and error lines are redacted. Query names stay (`?X-Amz-Signature=***&X-Amz-Expires=***`), so a
-message still says which kind of URL it was. No imports from the project: errors.py uses it.
+Optuna's and Ray's records, warnings and error lines are redacted. Query names stay
+(`?X-Amz-Signature=***&X-Amz-Expires=***`), so a message still says which kind of URL it was. No imports from
+the project: errors.py uses it.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 HIDDEN = "***"
 # a URL inside text: scheme://, then up to whitespace or a quote, not ending on punctuation of the sentence
 URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]*[^\s'\"<>`.,:;)\]]")
+# a pipe: command inside text: to the end of its quotes, or else of the line
+PIPE_QUOTED = re.compile(r"(['\"])pipe:([^'\"\n]*)\1")
+PIPE_IN_TEXT = re.compile(r"(?<![\w/'\"])pipe:[^\n'\"]*")
+# the value of an Authorization header or of a Bearer/Basic credential, wherever it is written
+CREDENTIAL = re.compile(r"((?i:authorization)\s*[:=]\s*(?:[A-Za-z]+\s+)?|\b(?:Bearer|Basic)\s+)[A-Za-z0-9+/=._~-]{8,}")
+TOKEN_SEGMENT = re.compile(r"[A-Za-z0-9_~:+=-]{20,}")
+HEX_SEGMENT = re.compile(r"[0-9a-fA-F]{32,}")
+OPTION = re.compile(r"-{1,2}[A-Za-z][\w-]*")
+PATH = re.compile(r"[\w./~-]*[./][\w./~-]*")
+WORD = re.compile(r"[a-z]{1,10}|[a-z]{1,3}[0-9]")  # a subcommand (cp, s3), never a lower-case token
+# options whose next argument is a credential (curl, wget, aws, gsutil, ssh, and the usual long names)
+CREDENTIAL_OPTIONS = frozenset({"-u", "--user", "-U", "--proxy-user", "-H", "--header", "-p", "--password",
+                                "--oauth2-bearer", "--token", "--key", "--secret", "--auth", "--http-password",
+                                "--http-user", "--aws-secret-access-key", "--access-key", "--secret-key"})  # fmt: skip
 
 
 def redact(url: str) -> str:
-    """`url` as it may be shown: `https://***@host/path?sig=***`; a URL without secrets is unchanged."""
-    if "://" not in url or ("@" not in url and "?" not in url):
+    """`url` as it may be shown: `https://***@host/path?sig=***#***`, `pipe:curl -u *** https://host/a.tar`; a
+    URL or path without secrets is unchanged."""
+    if url.startswith("pipe:"):
+        return "pipe:" + redact_command(url[len("pipe:") :])
+    if "://" not in url:
         return url
     try:
         parts = urlsplit(url)
@@ -28,8 +54,20 @@ def redact(url: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = f"{HIDDEN}@{netloc.rsplit('@', 1)[1]}"
+    path = "/".join(HIDDEN if secret_segment(segment) else segment for segment in parts.path.split("/"))
     query = parts.query and "&".join(_hide_value(part) for part in parts.query.split("&"))
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    fragment = parts.fragment and HIDDEN
+    return urlunsplit((parts.scheme, netloc, path, query, fragment))
+
+
+def secret_segment(segment: str) -> bool:
+    """Whether a path segment looks like a token rather than a name: 20 or more characters of letters and
+    digits (and `_~:+=-`) with digits and both cases, or 32 or more hex digits."""
+    if HEX_SEGMENT.fullmatch(segment):
+        return True
+    if not TOKEN_SEGMENT.fullmatch(segment):
+        return False
+    return any(c.isdigit() for c in segment) and any(c.islower() for c in segment) and any(c.isupper() for c in segment)
 
 
 def _hide_value(part: str) -> str:
@@ -37,11 +75,44 @@ def _hide_value(part: str) -> str:
     return f"{name}={HIDDEN}" if equals else HIDDEN  # a bare `?TOKEN` is all secret
 
 
+def redact_command(command: str) -> str:
+    """A shell command as it may be shown: the program, options, URLs (redacted), paths and short lower-case
+    words stay; every other argument, and any argument after a credential option, is `***`."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes
+        words = command.split()
+    shown, hide_next = [], False
+    for number, word in enumerate(words):
+        bare = word.strip("'\"")
+        if hide_next:
+            shown.append(HIDDEN)
+            hide_next = False
+        elif "://" in bare and not bare.startswith("-"):
+            shown.append(redact(bare))
+        elif OPTION.fullmatch(bare):
+            shown.append(bare)
+            hide_next = bare in CREDENTIAL_OPTIONS
+        elif bare.startswith("-") and "=" in bare:
+            shown.append(bare.split("=", 1)[0] + "=" + HIDDEN)
+        elif (number == 0 or PATH.fullmatch(bare) or WORD.fullmatch(bare) or bare == "-") and not secret_segment(bare):
+            shown.append(bare)
+        else:
+            shown.append(HIDDEN)
+    return " ".join(shown)
+
+
 def redact_text(text: str) -> str:
-    """`text` with every URL in it redacted: for error lines, warnings and tracebacks."""
-    if "://" not in text:
-        return text
-    return URL_IN_TEXT.sub(lambda match: redact(match.group()), text)
+    """`text` with every URL, pipe: command and credential in it redacted: for error lines, warnings,
+    tracebacks and records."""
+    if "pipe:" in text:
+        text = PIPE_QUOTED.sub(lambda match: f"{match[1]}{redact('pipe:' + match[2])}{match[1]}", text)
+        text = PIPE_IN_TEXT.sub(lambda match: redact(match.group()), text)
+    if "://" in text:
+        text = URL_IN_TEXT.sub(lambda match: redact(match.group()), text)
+    if re.search(r"(?i)authorization|bearer|basic", text):  # cheap test first: most lines hold none
+        text = CREDENTIAL.sub(lambda match: match[1] + HIDDEN, text)
+    return text
 
 
 def redact_value(value: Any) -> Any:

@@ -2,12 +2,18 @@
 object stores through fsspec (s3://, gs://, ...), and explicit `pipe:` commands.
 
 No shell for plain urls: webdataset's gopen hands http urls to `curl` through a shell, so a url holding
-`;` or `$(...)` would run commands. Only a url the user wrote as `pipe:...` reaches a shell.
+`;` or `$(...)` would run commands. A `pipe:` url runs a command here, so only the user's own data spec may
+hold one: `shards.read_index` refuses an index that lists one (or whose relative entry would become one),
+and `shards.write_index` refuses to write one.
+
+A Basic password (`user:token@`) is sent to the url's own origin only: a redirect to another host, port or
+scheme drops it. The cache names a copy by a hash of the whole url, so two urls never share a copy.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import os
 import time
@@ -18,6 +24,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
+from project.data.atomic import write_atomically
 from project.errors import ShardError, UserError
 
 NETWORK_ERRORS = (OSError, HTTPException, urllib.error.URLError)
@@ -47,6 +54,31 @@ def without_userinfo(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(netloc=netloc)), "Basic " + base64.b64encode(credentials).decode("ascii")
 
 
+def origin(url: str) -> tuple[str, str | None, int | None]:
+    """(scheme, host, port) of a url: where a credential may be sent."""
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    try:
+        port = parts.port or default
+    except ValueError:
+        port = None
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, without the Authorization header once a redirect leaves the url's origin
+    (urllib copies every header but the content ones to whatever host a server names)."""
+
+    def redirect_request(self, request, fp, code, message, headers, new_url):  # noqa: ANN001, ANN201
+        redirected = super().redirect_request(request, fp, code, message, headers, new_url)
+        if redirected is not None and origin(redirected.full_url) != origin(request.full_url):
+            redirected.remove_header("Authorization")
+        return redirected
+
+
+OPENER = urllib.request.build_opener(SameOriginRedirects)
+
+
 class HTTPStream(io.RawIOBase):
     """A readable http(s) body that reconnects after a dropped connection, with a Range request from
     the byte it had reached: no byte is read twice or lost, so no sample is duplicated or dropped."""
@@ -62,7 +94,7 @@ class HTTPStream(io.RawIOBase):
         if self.auth:
             headers["Authorization"] = self.auth
         request = urllib.request.Request(self.target, headers=headers)
-        response = urllib.request.urlopen(request, timeout=self.timeout)  # noqa: S310 (http(s) only, checked)
+        response = OPENER.open(request, timeout=self.timeout)  # http(s) only, checked by the caller
         if self.position and response.status != 206:  # no Range support: read up to where we were
             remaining = self.position
             while remaining:
@@ -173,29 +205,41 @@ def open_url(url: str, cache_dir: str | None = None, cache_bytes: int | None = N
         raise ShardError(f"cannot open {url}: {error}") from None
 
 
+CACHED_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".json", ".ckpt", ".pt", ".pth")
+
+
+def cache_name(url: str) -> str:
+    """The file name of a url's copy: a hash of the whole url but its userinfo (scheme, host, port, path,
+    query), so no two urls share a copy and no secret is in the name; the suffix stays, for people."""
+    target, _ = without_userinfo(url)
+    path = urlsplit(target).path
+    suffix = next((suffix for suffix in CACHED_SUFFIXES if path.endswith(suffix)), "")
+    return hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()[:40] + suffix
+
+
 def cached(url: str, cache_dir: Path, max_bytes: int | None) -> Path:
     """The local copy of `url` in `cache_dir`, downloaded once; the least recently used copies are
     removed to keep the folder under `max_bytes`."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    parsed = urlparse(url)  # no userinfo or query in the name: no secret on disk, one copy per object
-    name = f"{parsed.netloc.rsplit('@', 1)[-1]}{parsed.path}".replace("/", "_").replace(":", "_")
-    target = cache_dir / name
+    target = cache_dir / cache_name(url)
     if target.exists():
         os.utime(target)  # mark as recently used
         return target
-    partial = cache_dir / f".{name}.{os.getpid()}.part"  # workers downloading the same shard never collide
-    with _open_remote(url) as source, open(partial, "wb") as sink:
-        while chunk := source.read(1 << 20):
-            sink.write(chunk)
-    os.replace(partial, target)
+
+    def download(sink: IO[bytes]) -> None:
+        with _open_remote(url) as source:
+            while chunk := source.read(1 << 20):
+                sink.write(chunk)
+
+    # whole or absent; a killed download's temporary is removed by the next download into the folder
+    write_atomically(target, download)
     if max_bytes is not None:
         _evict(cache_dir, max_bytes, keep=target)
     return target
 
 
 def _evict(cache_dir: Path, max_bytes: int, keep: Path) -> None:
-    files = sorted((p for p in cache_dir.iterdir() if p.is_file() and not p.name.startswith(".")),
-                   key=lambda p: p.stat().st_mtime)  # fmt: skip
+    copies = (path for path in cache_dir.iterdir() if path.is_file() and not path.name.startswith("."))
+    files = sorted(copies, key=lambda path: path.stat().st_mtime)
     total = sum(p.stat().st_size for p in files)
     for path in files:
         if total <= max_bytes:

@@ -24,7 +24,7 @@ from project.data.batch import Batch, Skipped
 from project.data.plan import Segment, WorkerPlan, eval_plan, resume_point, skip_samples, total_batches, train_plan
 from project.data.remote import open_url
 from project.data.samples import MAX_MEMBER_BYTES, REFUSED, Sample, read_samples
-from project.data.shards import Shard
+from project.data.shard_index import Shard
 from project.errors import DecodeError, ShardError
 
 STAGES = ("train", "val", "test", "predict")
@@ -181,7 +181,7 @@ class ShardStream(IterableDataset):
 
     def _sample_batches(self, plan: WorkerPlan, done: int) -> Iterator[list]:
         """The plan's encoded samples, grouped into its batches, from batch `done` on."""
-        start = sum(plan.batch_sizes[:done])
+        start = plan.batch_sizes[:done].total
         if plan.shuffle_seed is None:
             samples = self._encoded(skip_samples(plan.segments, start))
         else:
@@ -211,9 +211,11 @@ class ShardStream(IterableDataset):
                     if REFUSED in sample:
                         raise DecodeError.of(sample, sample[REFUSED])
                     examples.append(self.task.decode(sample, self.stage))
-                except DecodeError as error:
+                except Exception as error:  # noqa: BLE001 - a stranger's sample may break decode in any way
+                    if not isinstance(error, DecodeError):  # a TypeError of a .json, a MemoryError of a .npy
+                        error = DecodeError.of(sample, f"{type(error).__name__}: {error}")
                     if not self.skip_corrupt:
-                        raise
+                        raise error from None
                     skipped.append(Skipped(sample["__url__"], sample["__key__"], str(error)))
                     continue
                 keys.append(sample["__key__"])

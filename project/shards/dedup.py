@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +34,7 @@ THUMB = 8  # colour thumbnail: THUMB x THUMB RGB
 THUMB_DIFFERENCE = 12  # the most mean absolute difference (of 255) between the thumbnails of near copies
 NUM_PERM = 128  # MinHash permutations
 SHINGLE = 5  # characters per text shingle
+MAX_SHINGLED_CHARS = 1 << 17  # a text's first 131,072 characters decide its near copies: bounded work a text
 DEFAULT_NEAR_DISTANCE = 12
 DEFAULT_NEAR_JACCARD = 0.8
 
@@ -141,8 +141,10 @@ def image_features(data: bytes) -> tuple[int | None, np.ndarray, int]:
     fraction of a full decode, which moves the hash by a bit or two at most."""
     from PIL import Image
 
+    from project.tasks.image.decode import open_image
+
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with open_image(data) as image:  # the pixel bound, from the header: a bomb has no hash
             pixels = image.width * image.height
             if image.format == "JPEG":
                 image.draft(None, (HASH_SIDE, HASH_SIDE))
@@ -163,7 +165,7 @@ def _empty_minhash():  # noqa: ANN202 - a datasketch.MinHash; its permutations a
 
 def shingles(text: str) -> set[bytes]:
     """Character 5-grams of the case-folded text with its whitespace collapsed (the whole text if shorter)."""
-    flat = " ".join(text.casefold().split())
+    flat = " ".join(text[:MAX_SHINGLED_CHARS].casefold().split())
     if len(flat) <= SHINGLE:
         return {flat.encode()}
     return {flat[i : i + SHINGLE].encode() for i in range(len(flat) - SHINGLE + 1)}

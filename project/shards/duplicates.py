@@ -17,18 +17,19 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from project.data.atomic import replace_atomically, write_atomically, write_text_atomically
 from project.errors import UserError
 from project.shards.dedup import FIELDS, MODES, Hasher, Hashes
 from project.shards.matching import groups, match
 from project.shards.parallel import Pool
-from project.shards.sources import Record, read_record
+from project.shards.records import Record
+from project.shards.sources import read_record
 from project.shards.text_sources import text_bytes
 
 CHUNK = 256  # samples per hashing job
@@ -82,9 +83,7 @@ def hash_records(records: list[Record], mode: str, text: bool, pool: Pool, progr
             progress.advance(task, len(hashes))
     result = Hashes.concat([parts[start] for start in sorted(parts)]) if parts else Hasher(mode, text).result()
     if cache is not None:
-        temporary = cache.with_name(f"{cache.name}.{os.getpid()}.tmp.npz")
-        np.savez(temporary, fingerprint=fingerprint, **result.arrays())
-        os.replace(temporary, cache)
+        write_atomically(cache, lambda stream: np.savez(stream, fingerprint=fingerprint, **result.arrays()))
     return result
 
 
@@ -139,10 +138,14 @@ def report(dedup: Dedup, split_of: dict[str, str], classes: list[str], out: Path
             how = "" if position == 0 else match(dedup.hashes, group[0], i)
             rows.append((number, record.key, split, name.get(record.label, str(record.label)), position == 0, how))
     csv_path = out / "duplicates.csv"
-    with open(csv_path, "w", newline="") as stream:
-        writer = csv.writer(stream)
-        writer.writerow(["group", "key", "split", "label", "kept", "match"])
-        writer.writerows(rows)
+
+    def write_csv(temporary: Path) -> None:
+        with open(temporary, "w", newline="") as stream:
+            writer = csv.writer(stream)
+            writer.writerow(["group", "key", "split", "label", "kept", "match"])
+            writer.writerows(rows)
+
+    replace_atomically(csv_path, write_csv)
     per_split = ", ".join(f"{split} {removed[split]}" for split in ("train", "val", "test"))
     lines = [f"dedup {dedup.mode}: removed {dedup.removed} duplicates of {len(dedup.groups)} samples ({per_split})"
              if dedup.groups else f"dedup {dedup.mode}: no duplicates"]  # fmt: skip
@@ -158,9 +161,9 @@ def report(dedup: Dedup, split_of: dict[str, str], classes: list[str], out: Path
 
 def contact_sheet(dedup: Dedup, out: Path) -> Path:
     """A row per group (the first SHEET_GROUPS), up to SHEET_COPIES copies each; the kept one framed green."""
-    import io
-
     from PIL import Image, ImageDraw
+
+    from project.tasks.image.decode import open_image
 
     shown = dedup.groups[:SHEET_GROUPS]
     sheet = Image.new("RGB", (SHEET_COPIES * TILE, len(shown) * (TILE + 14)), "white")
@@ -170,7 +173,7 @@ def contact_sheet(dedup: Dedup, out: Path) -> Path:
             x, y = column * TILE, row * (TILE + 14)
             draw.rectangle((x, y, x + TILE - 1, y + TILE - 1), outline="green" if column == 0 else "red", width=2)
             try:
-                with Image.open(io.BytesIO(read_record(dedup.records[i])[0])) as image:
+                with open_image(read_record(dedup.records[i])[0]) as image:  # the pixel bound, from the header
                     image.thumbnail((TILE - 6, TILE - 6))
                     sheet.paste(image.convert("RGB"), (x + 3, y + 3))
             except Exception:  # noqa: BLE001, S112 - an unreadable copy keeps its empty frame
@@ -178,7 +181,7 @@ def contact_sheet(dedup: Dedup, out: Path) -> Path:
             label = "kept" if column == 0 else match(dedup.hashes, group[0], i)
             draw.text((x + 2, y + TILE), label[:15], fill="black")
     path = out / "duplicates.png"
-    sheet.save(path)
+    replace_atomically(path, sheet.save)
     return path
 
 
@@ -192,5 +195,5 @@ def text_preview(dedup: Dedup, out: Path) -> Path:
             how = "kept" if position == 0 else match(dedup.hashes, group[0], i)
             lines.append(f"  [{how}] {dedup.records[i].key}: {text}")
     path = out / "duplicates.txt"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomically(path, "\n".join(lines) + "\n")
     return path

@@ -12,19 +12,17 @@ Part indexes written by `prepare --part I/N` are merged without a re-scan.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PIL import Image
-
 from project.data.samples import REFUSED, read_samples
-from project.data.shards import SHARD_SUFFIXES, Shard, ShardIndex, read_index, resolve_shards, write_index
+from project.data.shard_index import Shard, ShardIndex, read_index, write_index
+from project.data.shards import SHARD_SUFFIXES, resolve_shards
 from project.errors import ShardError, UserError
-from project.shards.sources import labels_to_classes
-from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, index_classes, label_text
+from project.shards.records import labels_to_classes
+from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, index_classes, label_text, open_image
 
 
 @dataclass
@@ -57,7 +55,7 @@ def scan_shard(url: str, verify_images: bool = True) -> ShardReport:
                 problems.append(f"{key}: no image member")
             elif image is not None and verify_images:
                 try:
-                    with Image.open(io.BytesIO(sample[image])) as opened:
+                    with open_image(sample[image]) as opened:  # the pixel bound, from the header
                         opened.verify()
                 except Exception as error:  # noqa: BLE001 - PIL raises many types for bad data
                     problems.append(f"{key}: .{image} does not decode ({error})")

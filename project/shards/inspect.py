@@ -25,8 +25,10 @@ from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 
+from project.data.atomic import replace_atomically
 from project.data.samples import REFUSED, read_samples
-from project.data.shards import INDEX_NAME, ShardIndex, resolve_shards
+from project.data.shard_index import INDEX_NAME, ShardIndex
+from project.data.shards import resolve_shards
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, index_classes, open_image
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     if first_tiles:
         folder = Path(args.data) if Path(args.data).is_dir() else Path(".")
         sheet = Path(args.sheet) if args.sheet else folder / "contact_sheet.png"
-        contact_sheet(first_tiles, sheet)
+        replace_atomically(sheet, lambda temporary: contact_sheet(first_tiles, temporary))
         console.print(f"contact sheet: {sheet}")
 
 

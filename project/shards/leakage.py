@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from project.data.samples import read_samples
-from project.data.shards import ShardIndex
+from project.data.shard_index import ShardIndex
 from project.errors import UserError
 from project.shards.dedup import Hasher, Hashes, require_near_text
 from project.shards.matching import first_of_equal, groups, match

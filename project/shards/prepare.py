@@ -33,34 +33,24 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from project.data.shards import INDEX_NAME, Shard, write_index
+from project.data.atomic import write_json_atomically
+from project.data.samples import count_samples
+from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.errors import UserError
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, MODES, require_near_text
 from project.shards.duplicates import check_dedup, deduplicate, hash_records, report
+from project.shards.jobs import ShardJob, write_shard
 from project.shards.parallel import Pool
-from project.shards.sources import Record, encode, load, read_record
+from project.shards.sources import load
 from project.shards.split import SPLITS, plan_shards, split_records
-from project.shards.tarwriter import FastTarWriter
-from project.shards.text_sources import is_text, load_text, text_bytes
+from project.shards.text_sources import is_text, load_text
 
 MANIFEST = ".prepare.json"
 HASH_CACHE = ".dedup-hashes.npz"  # the samples' hashes, kept for a run started again and for other --parts
-
-
-@dataclass(frozen=True)
-class ShardJob:
-    split: str
-    number: int
-    records: tuple[Record, ...]
-    path: str
-    resize: int | None
-    format: str | None
-    text: bool = False
 
 
 class Prepared(dict):
@@ -80,40 +70,22 @@ class Prepared(dict):
         return len(self.skipped)
 
 
-def write_shard(job: ShardJob) -> Shard:
-    """Write one shard under a temporary name, then rename it: a shard file is always complete."""
-    temporary = f"{job.path}.{os.getpid()}.tmp"
-    with open(temporary, "wb", buffering=1 << 20) as stream, FastTarWriter(stream) as writer:
-        for record in job.records:
-            if job.text:
-                data, extension = text_bytes(record), "txt"
-            else:
-                data, extension = read_record(record)
-            if job.resize or (job.format and job.format != extension):
-                import io
-
-                from PIL import Image
-
-                with Image.open(io.BytesIO(data)) as image:
-                    extension = job.format or extension
-                    data = encode(image, extension, job.resize)
-            writer.write({"__key__": record.key, extension: data, "cls": str(record.label).encode()})
-    os.replace(temporary, job.path)
-    return Shard(job.path, len(job.records), os.path.getsize(job.path))
-
-
 def _check_manifest(out: Path, settings: dict) -> None:
     """A second run into the same folder must use the same settings, or finished shards would differ."""
     path = out / MANIFEST
     if path.exists():
-        previous = json.loads(path.read_text())
+        try:
+            previous = json.loads(path.read_text())
+        except (ValueError, OSError) as error:
+            raise UserError(f"{path} is not a prepare manifest ({error}): delete {out} to start over") from None
+        if not isinstance(previous, dict):
+            raise UserError(f"{path} is not a prepare manifest: delete {out} to start over")
         if previous != settings:
             changed = sorted(k for k in settings if previous.get(k) != settings[k])
             raise UserError(f"{out} holds a prepare run with other settings ({', '.join(changed)}): "
                             "use another --out, or delete it")  # fmt: skip
     else:
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(settings, indent=1))
+        write_json_atomically(path, settings)
 
 
 def prepare(
@@ -188,18 +160,22 @@ def prepare(
                 path = str(out / split / f"{split}-{number:06d}.tar")
                 jobs.append(ShardJob(split, number, tuple(group), path, resize, format, text))
         mine = jobs[index::count]
-        for job in mine:  # half-written shards of an interrupted run of this part
-            for stale in Path(job.path).parent.glob(f"{Path(job.path).name}.*.tmp"):
-                stale.unlink()
         todo = [job for job in mine if not os.path.exists(job.path)]  # finished shards are kept
-        written = {job.path: Shard(job.path, len(job.records), os.path.getsize(job.path)) for job in mine
-                   if os.path.exists(job.path)}  # fmt: skip
+        # a finished shard's count from its headers: a sample left out of it is not in it
+        written = {job.path: Shard(job.path, count_samples(job.path), os.path.getsize(job.path))
+                   for job in mine if os.path.exists(job.path)}  # fmt: skip
+        unreadable: list[str] = []
         with Progress(*_columns("prepare"), disable=quiet) as progress:
             task = progress.add_task("prepare", total=sum(len(j.records) for j in mine))
-            progress.advance(task, sum(s.nsamples for s in written.values()))
-            for shard in pool.imap_unordered(write_shard, todo):
+            progress.advance(task, sum(len(j.records) for j in mine if j.path in written))
+            for shard, lines in pool.imap_unordered(write_shard, todo):
                 written[shard.url] = shard
-                progress.advance(task, shard.nsamples)
+                unreadable += lines
+                progress.advance(task, shard.nsamples + len(lines))
+        if not quiet:
+            for line in unreadable:
+                print(line, file=sys.stderr)
+        skipped += unreadable
     lines = []
     if found is not None and index == 0:
         split_of = {record.key: split for split, members in splits.items() for record in members}
@@ -221,7 +197,9 @@ def summary(out: str | Path, result: Prepared) -> str:
     """The last line of a run: `wrote DIR: train 800, val 100, test 100 samples[; 3 bad rows skipped]
     [; 12 duplicates removed]`."""
     counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.items())
-    bad = f"; {result.bad_rows} bad row{'' if result.bad_rows == 1 else 's'} skipped" if result.text else ""
+    plural = "" if result.bad_rows == 1 else "s"
+    what = "bad row" if result.text else "unreadable image"
+    bad = f"; {result.bad_rows} {what}{plural} skipped" if result.text or result.bad_rows else ""
     plural = "" if result.duplicates == 1 else "s"
     duplicates = f"; {result.duplicates} duplicate{plural} removed" if result.duplicates else ""
     return f"wrote {out}: {counts} samples{bad}{duplicates}"

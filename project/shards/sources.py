@@ -10,21 +10,22 @@ import functools
 import io
 import json
 import os
-import re
-import tarfile
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from project.data.samples import read_samples
+from project.data.samples import READ_ERRORS, read_samples
 from project.data.shards import resolve_shards
+from project.data.tarreader import DECOMPRESSORS, tar_members
 from project.errors import UserError
+from project.shards.records import Record, labels_to_classes, sanitize_key
 from project.tasks.image.decode import (
     IMAGE_EXTENSIONS,
     WANTED_EXTENSIONS,
     decode_label,
     index_classes,
     label_text,
+    open_image,
 )
 
 if TYPE_CHECKING:
@@ -33,35 +34,6 @@ if TYPE_CHECKING:
 IMAGE_SUFFIXES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 CONVERTED_SUFFIXES = {".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}  # stored as PNG
 LISTING_SUFFIXES = (".csv", ".jsonl", ".json")
-
-
-@dataclass(frozen=True)
-class Record:
-    """One sample to write: its key, integer label, where its image is, and a split it must go to."""
-
-    key: str
-    label: int
-    kind: str  # "file", "tar", "torchvision" or "inline" (a text listing's row)
-    where: tuple  # file: (path,); tar: (url, key, ext); torchvision: (name, root, train, index); inline: (data,)
-    size: int = 0  # bytes, when known before reading
-    split: str | None = None  # a split fixed by the source (torchvision's official test set)
-
-
-def sanitize_key(relative: str) -> str:
-    """A stable, unique sample key from a relative path: webdataset splits keys at the first dot."""
-    return re.sub(r"[^A-Za-z0-9_/-]", "_", relative.replace(os.sep, "/"))
-
-
-def labels_to_classes(labels: list[str]) -> tuple[list[int], list[str]]:
-    """Integer labels and class names from label texts: all integers keep their values, else names sort."""
-    if all(re.fullmatch(r"-?\d+", label) for label in labels):
-        values = [int(label) for label in labels]
-        if min(values, default=0) < 0:
-            raise UserError("labels must not be negative")
-        return values, [str(i) for i in range(max(values, default=-1) + 1)]
-    classes = sorted(set(labels))
-    lookup = {name: i for i, name in enumerate(classes)}
-    return [lookup[label] for label in labels], classes
 
 
 def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], list[str]]:
@@ -92,28 +64,60 @@ def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], lis
 
 def listing(path: Path) -> tuple[list[Record], list[str]]:
     """A CSV (header with `path` and `label` columns) or JSONL ({"path": ..., "label": ...} per line);
-    paths are relative to the listing's folder."""
-    rows: list[dict] = []
-    with open(path, newline="", encoding="utf-8") as stream:
-        if path.suffix.lower() == ".csv":
-            rows = list(csv.DictReader(stream))
-        else:
-            for number, line in enumerate(stream, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as error:
-                        raise UserError(f"{path}:{number} is not JSON: {error}") from None
-    if not rows or not {"path", "label"} <= set(rows[0]):
-        raise UserError(f"{path} needs 'path' and 'label' columns (found {sorted(rows[0]) if rows else 'no rows'})")
-    labels, classes = labels_to_classes([str(row["label"]).strip() for row in rows])
+    paths are relative to the listing's folder. A row that cannot be read stops the listing with one line
+    naming it: a field over the CSV limit, a line that is not a JSON object, a path that is not a string."""
+    rows = list(_listing_rows(path))
+    if not rows or not {"path", "label"} <= set(rows[0][1]):
+        found = sorted(rows[0][1]) if rows else "no rows"
+        raise UserError(f"{path} needs 'path' and 'label' columns (found {found})")
+    for number, row in rows:
+        for column in ("path", "label"):
+            value = row.get(column)
+            if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
+                raise UserError(f"{path} row {number}: its {column} is {_shown(value)}, not a string")
+    labels, classes = labels_to_classes([str(row["label"]).strip() for _, row in rows])
     records = []
-    for row, label in zip(rows, labels, strict=True):
-        file = (path.parent / row["path"]).resolve()
-        if not file.is_file():
+    for (number, row), label in zip(rows, labels, strict=True):
+        try:
+            file = (path.parent / str(row["path"])).resolve()
+            found = file.is_file()
+        except (OSError, ValueError) as error:  # a NUL byte, a name too long
+            raise UserError(f"{path} row {number}: bad path {_shown(row['path'])}: {error}") from None
+        if not found:
             raise UserError(f"{path} lists a missing image: {row['path']}")
         records.append(Record(sanitize_key(str(row["path"])), label, "file", (str(file),), file.stat().st_size))
     return records, classes
+
+
+def _listing_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """(row number, row) of a CSV listing (1: the first row after the header) or a JSONL one (its line)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as stream:
+            if path.suffix.lower() == ".csv":
+                number = 0
+                try:
+                    for number, row in enumerate(csv.DictReader(stream), 1):
+                        yield number, row
+                except csv.Error as error:  # a field over csv.field_size_limit, a NUL byte
+                    raise UserError(f"{path} row {number + 1} is not CSV: {error}") from None
+                return
+            for number, line in enumerate(stream, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError) as error:
+                    raise UserError(f"{path}:{number} is not JSON: {type(error).__name__}: {error}") from None
+                if not isinstance(row, dict):
+                    raise UserError(f"{path}:{number} is a JSON {type(row).__name__}, not an object")
+                yield number, row
+    except UnicodeDecodeError as error:
+        raise UserError(f"{path} is not UTF-8 text: {error}") from None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def torchvision_dataset(name: str, root: Path, download: bool) -> tuple[list[Record], list[str]]:
@@ -176,9 +180,7 @@ def read_record(record: Record) -> tuple[bytes, str]:
         suffix = path.suffix.lower()
         if suffix in IMAGE_SUFFIXES:
             return path.read_bytes(), IMAGE_SUFFIXES[suffix]
-        from PIL import Image
-
-        with Image.open(path) as image:
+        with open_image(path.read_bytes()) as image:  # a bomb is refused from its header
             return encode(image, "png"), "png"
     if record.kind == "tar":
         url, key, extension = record.where
@@ -200,15 +202,23 @@ def read_record(record: Record) -> tuple[bytes, str]:
 @functools.lru_cache(maxsize=16)
 def _member_offsets(url: str) -> dict[tuple[str, str], tuple[int, int]]:
     """{(key, extension): (data offset, size)} of an uncompressed local tar, from its headers: re-sharding
-    then reads each sample with one seek instead of a scan of its source shard."""
+    then reads each sample with one seek instead of a scan of its source shard. The headers are read by
+    the project's bounded reader (tarfile keeps about 5 KB of TarInfo a member, and reads a hostile pax
+    header whole)."""
     from webdataset.tariterators import base_plus_ext
 
     offsets = {}
-    with tarfile.open(url, "r:") as tar:
-        for member in tar.getmembers():
-            key, extension = base_plus_ext(member.name)
-            if member.isreg() and key is not None:
-                offsets[(key, extension.lower())] = (member.offset_data, member.size)
+    with open(url, "rb") as stream:
+        if any(stream.read(8).startswith(magic) for magic in DECOMPRESSORS):
+            return offsets  # compressed: no offsets into it; read_record reads it through
+        stream.seek(0)
+        try:
+            for name, read in tar_members(stream):
+                key, extension = base_plus_ext(name)
+                if key is not None:
+                    offsets[(key, extension.lower())] = (stream.tell(), read.size)  # at the member's data
+        except READ_ERRORS as error:
+            raise UserError(f"cannot read shard {url}: {error}") from None
     return offsets
 
 

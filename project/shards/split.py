@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from project.shards.sources import Record
+from project.shards.records import Record
 
 SPLITS = ("train", "val", "test")
 MEMBER_OVERHEAD = 1536  # tar headers and padding of one sample's two members, for --shard-size

@@ -21,15 +21,8 @@ from pathlib import Path
 from project.data.samples import read_samples
 from project.data.shards import resolve_shards
 from project.errors import UserError
-from project.shards.sources import (
-    CONVERTED_SUFFIXES,
-    IMAGE_SUFFIXES,
-    Record,
-    labels_to_classes,
-    read_record,
-    sanitize_key,
-    source_kind,
-)
+from project.shards.records import Record, labels_to_classes, sanitize_key
+from project.shards.sources import CONVERTED_SUFFIXES, IMAGE_SUFFIXES, read_record, source_kind
 from project.tasks.image.decode import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS, UnknownLabel, index_classes, label_index
 
 TEXT, LABEL = "txt", "cls"  # the members of a text sample
@@ -105,7 +98,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested thousands deep
                 yield number, None, "not JSON"
                 continue
             yield (number, row, None) if isinstance(row, dict) else (number, None, "not a JSON object")

@@ -7,16 +7,26 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
-from project.data.shards import ShardIndex
+from project.data.shard_index import ShardIndex
 from project.errors import UserError
 
+MAX_CLASSES = 100_000  # a head of this many outputs; ImageNet-21k has 21,841 classes
+MAX_CLASS_NAME = 200  # characters of a class name kept
+MAX_LABEL_BYTES = 64 << 10  # a label member larger than this is no label (a caption, a document): refused unparsed
 NO_LABEL = -1  # the label of a sample read for predict that has none (or none that names a known class)
 
 
 def index_classes(index: ShardIndex) -> list[str] | None:
-    """The class names a shard index records (under "classes", beside the shard list), if any."""
+    """The class names a shard index records (under "classes", beside the shard list), if any. The index is a
+    stranger's: the model gets a head of this many outputs, so the count is bounded, and names are strings."""
     names = index.extra.get("classes")
-    return [str(name) for name in names] if isinstance(names, list) else None
+    if not isinstance(names, list):
+        return None
+    if len(names) > MAX_CLASSES:
+        raise UserError(f"the shard index {index.name or ''} records {len(names):,} classes, more than {MAX_CLASSES:,}")
+    if not all(isinstance(name, str | int) and not isinstance(name, bool) for name in names):
+        raise UserError(f"the shard index {index.name or ''} records class names that are not strings")
+    return [str(name)[:MAX_CLASS_NAME] for name in names]
 
 
 def data_classes(data: Any, configured: Sequence[str] | None) -> list[str]:
@@ -51,10 +61,18 @@ class UnknownLabel(ValueError):
 
 
 def label_index(text: str, classes: Sequence[str] | None = None) -> int:
-    """The class index of a label text: an integer, or the position of a class name in `classes`."""
+    """The class index of a label text: an integer, or the position of a class name in `classes`. With
+    `classes`, an integer outside [0, len(classes)) is an `UnknownLabel` too: caught here, in the worker, a
+    bad label is a skipped sample, never an index error in the loss (on a GPU, a device-side assert that
+    kills the process)."""
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         if classes is not None and text in classes:
             return list(classes).index(text)
-        raise UnknownLabel(f"label {text!r} is neither an integer nor a known class name") from None
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise UnknownLabel(f"label {shown!r} is neither an integer nor a known class name") from None
+    if classes is not None and not 0 <= value < len(classes):
+        shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
+        raise UnknownLabel(f"label {shown} is outside the {len(classes)} classes (0 to {len(classes) - 1})")
+    return value

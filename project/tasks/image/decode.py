@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import warnings
 from collections.abc import Sequence
 
@@ -23,13 +24,14 @@ except ImportError:  # pragma: no cover - a dependency; tests monkeypatch it awa
     simplejpeg = None
 
 from project.errors import DecodeError
-from project.tasks.labels import NO_LABEL, UnknownLabel, index_classes, label_index  # noqa: F401 - also imported from here
+from project.tasks.labels import MAX_LABEL_BYTES, NO_LABEL, UnknownLabel, index_classes, label_index  # noqa: F401 - also imported from here
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "txt", "json")
 ARRAY_EXTENSIONS = ("npy",)
 WANTED_EXTENSIONS = frozenset(IMAGE_EXTENSIONS + LABEL_EXTENSIONS + ARRAY_EXTENSIONS)
 JSON_LABEL_FIELDS = ("label", "cls", "class")
+NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 # data.max_image_pixels by default: PIL's own limit (it warns above it, and refuses twice as many). An image
 # whose header declares more is refused before a pixel is decoded: a 630-byte JPEG can declare 60,000 x 60,000
 MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
@@ -136,22 +138,53 @@ def _simplejpeg_reads(data: bytes) -> bool:
         return False
 
 
-def decode_array(data: bytes) -> np.ndarray:
-    """Load a .npy member without ever unpickling (object arrays are refused)."""
+def decode_array(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Load a .npy member without ever unpickling (object arrays are refused). Its header is checked first:
+    the shape must match the bytes that follow (a 150-byte file can declare 10^13 elements, which np.load
+    would allocate), and an image array may hold at most `max_pixels` pixels (height x width)."""
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = NPY_HEADER_READERS.get(version)
+        if read_header is None:
+            raise ValueError(f"format version {version} is not read")
+        shape, _, dtype = read_header(stream, max_header_size=10_000)
+    except Exception as error:  # noqa: BLE001 - numpy's header parser raises tokenize's and ast's errors too
+        raise ValueError(f"not a .npy array: {type(error).__name__}: {error}") from None
+    if dtype.hasobject:
+        raise ValueError("a .npy of Python objects (a pickle): refused")
+    count = math.prod(shape)
+    if count * dtype.itemsize != len(data) - stream.tell():
+        raise ValueError(f".npy declares shape {shape} of {dtype} ({count * dtype.itemsize:,} bytes), but holds "
+                         f"{len(data) - stream.tell():,}")  # fmt: skip
+    if len(shape) >= 2:
+        check_pixels(shape[1], shape[0], max_pixels)
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
 def label_text(sample: dict) -> str:
-    """The label as written: the text of `.cls` or `.txt`, or the label field of `.json`."""
+    """The label as written: the text of `.cls` or `.txt`, or the label field of `.json`. A label member
+    over MAX_LABEL_BYTES, a .json that is not an object (or nested past Python's recursion), or a label
+    field that is no string or integer, is a ValueError: a skipped sample."""
     for extension in LABEL_EXTENSIONS:
         if extension in sample:
-            text = sample[extension].decode("utf-8").strip()
+            data = sample[extension]
+            if len(data) > MAX_LABEL_BYTES:
+                raise ValueError(f"its .{extension} label member holds {len(data):,} bytes, over {MAX_LABEL_BYTES:,}")
+            text = data.decode("utf-8").strip()
             if extension != "json":
                 return text
-            record = json.loads(text)
+            try:
+                record = json.loads(text)
+            except RecursionError:
+                raise ValueError("its .json is nested too deeply") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"its .json is a {type(record).__name__}, not an object with a label field")
             value = next((record[f] for f in JSON_LABEL_FIELDS if f in record), None)
             if value is None:
                 raise ValueError(f"no {'/'.join(JSON_LABEL_FIELDS)} field in its .json")
+            if not isinstance(value, str | int) or isinstance(value, bool):
+                raise ValueError(f"the label field of its .json is a {type(value).__name__}, not a string or integer")
             return str(value)
     raise ValueError(f"no label member (.{', .'.join(LABEL_EXTENSIONS)})")
 
@@ -197,7 +230,7 @@ def decode_sample(
         if extension is not None:
             return decode_image(sample[extension], size, max_pixels), label
         if "npy" in sample:
-            return decode_array(sample["npy"]), label
+            return decode_array(sample["npy"], max_pixels), label
         raise ValueError(f"no image member (.{', .'.join(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)})")
     except (ValueError, OSError, UnidentifiedImageError, UnicodeDecodeError) as error:
         raise DecodeError.of(sample, error) from None

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from project.data.shards import INDEX_NAME, Shard, write_index
+from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.errors import UserError
 from project.shards.parallel import imap_unordered
 

@@ -16,7 +16,7 @@ from project.data.samples import Sample
 from project.data.stream import ShardStream
 from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
-from project.tasks.labels import NO_LABEL, ClassNames, label_index
+from project.tasks.labels import MAX_LABEL_BYTES, NO_LABEL, ClassNames, label_index
 from project.tasks.text.batch import TextBatch, TextExample, pad_examples
 from project.tasks.text.tokenizer import (
     COMMAND,
@@ -25,11 +25,13 @@ from project.tasks.text.tokenizer import (
     file_hash,
     load_tokenizer,
     recorded_tokenizer,
+    text_prefix,
 )
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
 DEMO_ROOT = Path("data/text-demo")
 PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>")  # ours, BERT-style and GPT-style tokenizers' padding tokens
+CHARS_PER_TOKEN = 32  # a BPE or WordPiece token spans a few characters; 32 leaves room for long merged runs
 
 
 class TextShards(ClassNames, ShardDataModule):
@@ -84,7 +86,13 @@ class TextShards(ClassNames, ShardDataModule):
         if folder is None:
             raise UserError(f"set data.tokenizer: no {FILE_NAME} is known beside {spec} ({COMMAND} DATA writes one)")
         if self.specs["train"] == spec and (recorded := recorded_tokenizer(self.index("train"))):
-            return os.path.join(folder, recorded.get("file", FILE_NAME))
+            name = recorded.get("file", FILE_NAME)
+            if not isinstance(name, str) or not name or os.path.basename(name) != name or name in (".", ".."):
+                # the index is a stranger's: it names a file beside itself, never a path elsewhere
+                raise UserError(
+                    f"the training index records the tokenizer file {name!r}: expected a file name beside it"
+                )
+            return os.path.join(folder, name)
         return os.path.join(folder, FILE_NAME)
 
     @cached_property
@@ -142,7 +150,7 @@ class TextShards(ClassNames, ShardDataModule):
     def decode(self, sample: Sample, stage: str) -> TextExample:
         """The sample's label and its token ids, some dropped at random in training (`token_dropout`)."""
         try:
-            text = sample["txt"].decode("utf-8")
+            text = self.text_prefix(sample["txt"])
             label = self.label_of(sample) if stage == "predict" else label_index(self.label_text(sample), self.classes)
         except KeyError as error:
             raise DecodeError.of(sample, f"no .{error.args[0]} member") from None
@@ -160,9 +168,18 @@ class TextShards(ClassNames, ShardDataModule):
             tokens = kept if len(kept) > sum(special) else tokens
         return TextExample(tokens, label)
 
+    def text_prefix(self, data: bytes) -> str:
+        """The start of a text that can hold `max_tokens` tokens (CHARS_PER_TOKEN characters each): a
+        tokenizer's work is linear in what it is given, and a member may hold 512 MiB, so the rest is never
+        decoded. Invalid UTF-8 within that start is a `UnicodeDecodeError`."""
+        return text_prefix(data, self.max_tokens * CHARS_PER_TOKEN)
+
     @staticmethod
     def label_text(sample: Sample) -> str:
-        return sample["cls"].decode("utf-8").strip()
+        data = sample["cls"]
+        if len(data) > MAX_LABEL_BYTES:
+            raise ValueError(f"its .cls label member holds {len(data):,} bytes, over {MAX_LABEL_BYTES:,}")
+        return data.decode("utf-8").strip()
 
     def label_of(self, sample: Sample) -> int:
         """For predict: the sample's label, or `NO_LABEL` when it has none that can be read."""

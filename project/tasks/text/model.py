@@ -212,11 +212,11 @@ class PretrainedEncoder(nn.Module):
             from transformers import AutoModel
         except ImportError:
             raise UserError("model.pretrained needs transformers: pip install -e '.[text]'") from None
-        try:
-            self.model = AutoModel.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError) as error:
+        try:  # a folder from a stranger: its weights load as tensors only, and code it names is never run
+            self.model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot use
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise UserError(f"model.pretrained: no Hugging Face model in {folder} ({first})") from None
+            raise UserError(f"model.pretrained: no usable Hugging Face model in {folder} ({first})") from None
         self.model.train()  # from_pretrained returns it in eval mode, which Lightning keeps: no dropout in training
         self.dim = self.model.config.hidden_size
         self.folder = folder

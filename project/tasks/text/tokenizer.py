@@ -12,6 +12,7 @@ check that it tokenizes with the tokenizer its data was meant for (`check_tokeni
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import hashlib
 import os
@@ -25,7 +26,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from project.data.atomic import write_atomically
 from project.data.samples import read_samples
-from project.data.shards import INDEX_NAME, ShardIndex, read_index, write_index
+from project.data.shard_index import INDEX_NAME, ShardIndex, read_index, write_index
 from project.errors import UserError
 
 # the DataLoader's workers encode with the tokenizer: a Rust thread pool started before they fork would
@@ -66,6 +67,15 @@ class TokenizerReport:
             f"{self.texts:,} training texts{skipped}; {self.tokens_per_text:.1f} tokens a text = "
             f"{self.tokens_per_word:.2f} per word, {self.tokens_per_byte:.2f} per byte"
         )
+
+
+def text_prefix(data: bytes, chars: int) -> str:
+    """The first `chars` characters of UTF-8 `data`, decoding no more than they can take (4 bytes each): a
+    tokenizer's work, and a decoded string's memory, follow what it is given, not the member's size.
+    Invalid UTF-8 within that start is a `UnicodeDecodeError`; a character cut at the byte limit is left out."""
+    head = data[: 4 * chars]
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    return decoder.decode(head, final=len(head) == len(data))[:chars]
 
 
 def file_hash(path: str | Path) -> str:
@@ -161,8 +171,8 @@ class _Reader:
             with contextlib.closing(read_samples(shard.url, extensions=frozenset([TEXT]))) as samples:
                 for sample in samples:
                     self.progress.advance(self.task)
-                    try:
-                        text = sample[TEXT].decode("utf-8")
+                    try:  # at most the characters still wanted: one text of 512 MiB is read only as far
+                        text = text_prefix(sample[TEXT], self.max_chars - self.chars)
                     except (KeyError, UnicodeDecodeError):
                         self.skipped += 1
                         continue

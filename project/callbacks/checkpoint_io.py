@@ -1,0 +1,136 @@
+"""Checkpoint files: written whole or not at all, and loaded without running code.
+
+Writing. Lightning's `TorchCheckpointIO` serializes a checkpoint in memory, then writes it through an fsspec
+transaction. On a local disk that transaction writes a temporary file in the *system's* temporary folder
+(`tempfile.mkstemp()`, /tmp or $TMPDIR) and `shutil.move`s it onto the checkpoint: a rename where both are on
+one filesystem, but a copy straight into the checkpoint where they are not (a tmpfs /tmp, a container whose
+logs are a mounted volume), which a kill tears. Nothing is fsync'ed, and a killed save leaves its temporary
+file behind in /tmp. Here a checkpoint is written through `project.data.atomic.write_atomically`; a torn one
+met anyway (written by an older version, or by a disk that failed) is one line naming it.
+
+Loading. A checkpoint is a pickle, and unpickling runs whatever code the file names. Lightning loads an
+http(s) checkpoint with `weights_only=False`, and a local one with torch's default, which
+`TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1` or a torch build without weights-only loading turns off. Here every
+load is `weights_only=True` (tensors and plain data only), and a URL is first downloaded to a local file in
+a folder of this user's alone.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import zipfile
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
+
+from project.data.atomic import write_atomically
+from project.data.private import private_folder
+from project.data.redact import redact
+from project.data.remote import NETWORK_ERRORS, cached
+from project.errors import UserError
+
+DOWNLOADS = "checkpoints"  # the private folder of downloaded checkpoints
+DOWNLOADS_BYTES = 20 * 10**9  # the least recently used downloads go beyond this
+
+
+def is_local(path: str | os.PathLike) -> bool:
+    return "://" not in str(path) or str(path).startswith("file://")
+
+
+def local_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path") -> Path:
+    """The local file of a checkpoint: `path` itself, or a URL's copy, downloaded once into a folder of this
+    user's alone (`project.data.private`), the least recently used copies removed past 20 GB."""
+    if is_local(path):
+        return Path(str(path).removeprefix("file://"))
+    url = str(path)
+    try:
+        copy = cached(url, private_folder(DOWNLOADS), DOWNLOADS_BYTES)
+    except (*NETWORK_ERRORS, UserError) as error:
+        raise UserError(f"{option} {redact(url)}: cannot download it: {error}") from None
+    print(f"{option}: {redact(url)} is downloaded to {copy}", file=sys.stderr)
+    return copy
+
+
+def load_checkpoint_file(path: str | os.PathLike, option: str = "--ckpt_path", map_location: Any = "cpu") -> Any:
+    """A checkpoint's contents, read with `weights_only=True`: a file that needs anything else to load (a
+    class, a function: code) is refused in one line, never run."""
+    local = local_checkpoint(path, option)
+    try:
+        return torch.load(local, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"{option} {redact(str(path))}: refused: it holds more than tensors and plain data, and "
+                        f"loading it would run code ({reason})") from None  # fmt: skip
+    except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as error:
+        raise UserError(f"{option} {redact(str(path))}: not a readable checkpoint ({error})") from None
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's `TorchCheckpointIO`, saving local checkpoints with `write_atomically` (remote ones, whose
+    stores write an object whole, as Lightning does) and loading every checkpoint with `load_checkpoint_file`."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not is_local(path):
+            super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+            return
+        write_atomically(path, lambda stream: self.write(checkpoint, stream))
+
+    def write(self, checkpoint: dict[str, Any], stream: IO[bytes]) -> None:
+        """Serialize `checkpoint` into the temporary file (a test slows this down to kill a run mid-write)."""
+        torch.save(checkpoint, stream)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        if is_local(path) and not Path(str(path).removeprefix("file://")).exists():
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")  # as Lightning's, which callers expect
+        if weights_only is False:
+            raise UserError(f"{redact(str(path))}: loading a checkpoint with weights_only=False could run its code")
+        checkpoint = load_checkpoint_file(path, map_location=map_location or "cpu")
+        if not isinstance(checkpoint, dict):
+            kind = type(checkpoint).__name__
+            raise UserError(f"--ckpt_path {redact(str(path))}: not a Lightning checkpoint (a {kind}, not a dict)")
+        return checkpoint
+
+
+def use_atomic_checkpoints(strategy: Any) -> None:
+    """Give a strategy `AtomicCheckpointIO` where it would use Lightning's plain `TorchCheckpointIO` (also
+    inside a wrapper such as `AsyncCheckpointIO`); a checkpoint IO the user configured is kept."""
+    io = strategy.checkpoint_io
+    if type(io) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
+    elif isinstance(io, _WrappingCheckpointIO) and type(io.checkpoint_io) is TorchCheckpointIO:
+        io._checkpoint_io = AtomicCheckpointIO()  # noqa: SLF001 - its setter keeps a base once one is set
+
+
+def check_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path") -> None:
+    """A `UserError` naming `path` when it is not a complete checkpoint: empty, or a zip archive (what
+    torch.save writes) whose directory, written last at its end, is missing or unreadable (a torn write).
+    Reads the directory only, not the tensors. A file of another format is left to the loader."""
+    path = Path(path)
+    reason = checkpoint_problem(path)
+    if reason is None:
+        return
+    complete = [other.name for other in path.parent.glob("*.ckpt") if other != path and not checkpoint_problem(other)]
+    beside = ", ".join(sorted(complete))
+    then = f"resume from another checkpoint with --ckpt_path PATH (complete ones beside it: {beside})"
+    then = then if complete else "there is no complete checkpoint beside it to resume from instead"
+    raise UserError(f"{option}: {path} is not a complete checkpoint ({reason}): {then}, or move it away to start over")
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` is not a complete checkpoint, or None."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(4)
+            if not head:
+                return "it is empty"
+            if head != b"PK\x03\x04":
+                return None
+            with zipfile.ZipFile(stream):
+                return None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as error:
+        return f"cut short or corrupt: {error}"
