@@ -2,7 +2,7 @@
 #   docker build -t lightning-shards .                          # --build-arg EXTRAS=tune,export for those tools
 #   docker run --rm --gpus all --ipc=host -v "$PWD/data:/app/data" -v "$PWD/logs:/app/logs" lightning-shards
 # The base image brings Python 3.11, torch, torchvision and CUDA 12.8. For an older host driver, pick another
-# pytorch/pytorch tag with torch>=2.4: --build-arg BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+# pytorch/pytorch tag with torch>=2.6: --build-arg BASE_IMAGE=pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime
 ARG BASE_IMAGE=pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}
 

@@ -166,7 +166,7 @@ def test_a_run_over_presigned_urls_writes_and_prints_no_secret(guarded, tmp_path
     )
 
 
-def test_the_cache_names_a_copy_by_host_and_path_only(guarded, tmp_path):
+def test_the_cache_name_of_a_copy_holds_no_secret(guarded, tmp_path):
     root, base, handler = guarded
     (root / "x.tar").write_bytes(_tiny_tar())
     copy = cached(f"{base}/x.tar?sig={SIGNATURE}", tmp_path / "cache", None)

@@ -63,7 +63,9 @@ def load_checkpoint_file(path: str | os.PathLike, option: str = "--ckpt_path", m
     try:
         return torch.load(local, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        # torch's message is advice to load it anyway; the line naming what the file asks for is the reason
+        reason = next((line for line in lines if "GLOBAL" in line or "global" in line), lines[0] if lines else "")
         raise UserError(f"{option} {redact(str(path))}: refused: it holds more than tensors and plain data, and "
                         f"loading it would run code ({reason})") from None  # fmt: skip
     except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as error:
