@@ -219,6 +219,8 @@ def test_predict_packs_a_plain_folder_in_a_private_folder_only(tmp_path):
         ("https://h/tok3nSecretAbc123XyZ789/a.tar", "https://h/***/a.tar"),
         ("https://h/0123456789abcdef0123456789abcdef/a.tar", "https://h/***/a.tar"),
         ("https://h/datasets/imagenet-2012/train-000001.tar", "https://h/datasets/imagenet-2012/train-000001.tar"),
+        ("sqlite:///logs/mlflow.db", "sqlite:///logs/mlflow.db"),
+        ("sqlite:///logs/token-is-Secret0123456789xyz/mlflow.db", "sqlite:///logs/***/mlflow.db"),
     ],
 )  # fmt: skip
 def test_secrets_in_commands_fragments_and_paths_are_redacted(shown, expected):

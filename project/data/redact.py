@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import shlex
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 HIDDEN = "***"
 # a URL inside text: scheme://, then up to whitespace or a quote, not ending on punctuation of the sentence
@@ -57,7 +57,10 @@ def redact(url: str) -> str:
     path = "/".join(HIDDEN if secret_segment(segment) else segment for segment in parts.path.split("/"))
     query = parts.query and "&".join(_hide_value(part) for part in parts.query.split("&"))
     fragment = parts.fragment and HIDDEN
-    return urlunsplit((parts.scheme, netloc, path, query, fragment))
+    if (netloc, path, query, fragment) == (parts.netloc, parts.path, parts.query, parts.fragment):
+        return url  # nothing to hide: as written
+    # by hand: urlunsplit drops the empty host of sqlite:///file.db
+    return f"{parts.scheme}://{netloc}{path}" + (f"?{query}" if query else "") + (f"#{fragment}" if fragment else "")
 
 
 def secret_segment(segment: str) -> bool:
