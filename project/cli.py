@@ -15,16 +15,15 @@ import torch
 from jsonargparse import ArgumentParser
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from project.callbacks.checkpoint_io import check_checkpoint, is_local, local_checkpoint, use_atomic_checkpoints
-from project.callbacks.preemption import PreemptionCheckpoint
-from project.callbacks.report import TensorBoardReport
-from project.callbacks.save_config import RedactedSaveConfig
-from project.callbacks.skipped import SkippedSamples
-from project.callbacks.threads import ThreadPolicy, fixed_threads, threads_fixed_by_user
+from project.callbacks.save_config import RedactedSaveConfig, run_folder
+from project.callbacks.template import add_callback_sections, chosen
+from project.callbacks.threads import fixed_threads, threads_fixed_by_user
 from project.data.datamodule import ShardDataModule
+from project.data.redact import redact
 from project.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -102,6 +101,7 @@ class ProjectCLI(LightningCLI):
             default=None,
             help="Checkpoint to resume from (fit) or to evaluate.",
         )
+        add_callback_sections(parser)  # the template's callbacks, by name: configs/default.yaml's `callbacks:`
         # num_classes and class names come from the shard index: typed once, never twice
         for attribute, argument in LINKS:
             parser.link_arguments(f"data.{attribute}", f"model.init_args.{argument}", apply_on="instantiate")
@@ -120,24 +120,16 @@ class ProjectCLI(LightningCLI):
             check_checkpoint(self.config.ckpt_path)  # a torn file: one line, not torch's traceback
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        callbacks = [*callbacks, PreemptionCheckpoint(), TensorBoardReport(), SkippedSamples()]
-        if getattr(self, "datamodule", None) is not None and hasattr(self.datamodule, "num_workers"):
-            callbacks.append(ThreadPolicy(self.datamodule.num_workers))  # CPU training: threads by measurement
-        # a rich progress bar with totals, unless the user turned the bar off (a configured
-        # RichProgressBar would make enable_progress_bar=false an error)
-        if config.get("enable_progress_bar") is not False:
-            callbacks.append(RichProgressBar())
-        if self.from_checkpoint:  # evaluate, predict: nothing to save, and their dirpath warnings are noise
-            config["callbacks"] = [c for c in config.get("callbacks") or [] if not isinstance(c, ModelCheckpoint)]
-            config["enable_checkpointing"] = False
-        elif config.get("enable_checkpointing") is False:
-            # the config's checkpoint callbacks would make Lightning refuse the flag; the flag is the wish
-            configured = config.get("callbacks") or []
+        # evaluate and predict save nothing; with enable_checkpointing=false the flag is the wish (the config's
+        # checkpoint callbacks would make Lightning refuse it)
+        checkpoints = not self.from_checkpoint and config.get("enable_checkpointing") is not False
+        configured = list(config.get("callbacks") or [])
+        if not checkpoints:
             config["callbacks"] = [c for c in configured if not isinstance(c, ModelCheckpoint)]
-            if len(config["callbacks"]) < len(configured):
-                print("checkpointing off: no best.ckpt or last.ckpt is saved (the config's ModelCheckpoint "
-                      "callbacks are left out)", file=sys.stderr)  # fmt: skip
-        trainer = super()._instantiate_trainer(config, callbacks)
+            config["enable_checkpointing"] = False
+        if not self.from_checkpoint and not checkpoints:
+            print("checkpointing off: no best.ckpt or last.ckpt is saved", file=sys.stderr)
+        trainer = super()._instantiate_trainer(config, chosen(callbacks, configured, checkpoints))
         use_atomic_checkpoints(trainer.strategy)  # a killed save leaves the previous checkpoint, never a torn one
         return trainer
 
@@ -242,9 +234,17 @@ def share_cores_with_workers(num_workers: int, processes: int = 1) -> None:
 
 def print_run_folder(trainer: Any) -> None:
     """Tell the user where the run went and how to watch it (once, from rank zero)."""
-    # the logger's own log_dir, not trainer.log_dir: that one is a collective call, made here by rank 0 only
-    log_dir = getattr(trainer.logger, "log_dir", None)
-    if not trainer.is_global_zero or log_dir is None:
+    if not trainer.is_global_zero or trainer.logger is None:
         return
-    run = Path(log_dir)
-    print(f"\nrun folder: {run}\nwatch it:   tensorboard --logdir {run.parents[1]}")
+    from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+
+    run, logger = run_folder(trainer), trainer.logger
+    if isinstance(logger, TensorBoardLogger):
+        watch = f"tensorboard --logdir {run.parents[1]}"
+    elif isinstance(logger, CSVLogger):
+        watch = f"the metrics are in {run / 'metrics.csv'}"
+    elif isinstance(logger, MLFlowLogger):
+        watch = f"mlflow ui --backend-store-uri {redact(logger.experiment.tracking_uri)}"
+    else:
+        watch = f"your {type(logger).__name__}'s own viewer"
+    print(f"\nrun folder: {run}\nwatch it:   {watch}")

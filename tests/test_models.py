@@ -244,7 +244,9 @@ def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_r
     events.Reload()
     tags = events.Tags()
     assert {"train/first_batch", "test/confusion_matrix"} <= set(tags["images"])
-    assert {"train/loss", "val/acc", "test/acc", "hp/best_val_acc", "test/acc_class/circle"} <= set(tags["scalars"])
+    assert {"train/loss", "val/acc", "test/acc", "hp/best_val_acc", "hp/test_acc", "test/acc_class/circle"} <= set(
+        tags["scalars"]
+    )
     assert {"lr-AdamW/head", "lr-AdamW/backbone"} <= set(tags["scalars"])  # LearningRateMonitor
     head_lr, backbone_lr = (events.Scalars(f"lr-AdamW/{part}")[-1].value for part in ("head", "backbone"))
     assert backbone_lr == pytest.approx(0.1 * head_lr)  # the config's discriminative rate
@@ -253,7 +255,7 @@ def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_r
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     experiment = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/experiment"]).experiment
-    assert {m.name.tag for m in experiment.metric_infos} >= {"val/acc", "test/acc"}
+    assert {m.name.tag for m in experiment.metric_infos} >= {"hp/best_val_acc", "hp/val_acc", "hp/test_acc"}
     session = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
     assert session.session_start_info.hparams["model.backbone"].string_value == "mobilenet_v3_large"
     grid = events.Images("train/first_batch")[0]

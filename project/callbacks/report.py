@@ -1,7 +1,10 @@
-"""Hyperparameters in TensorBoard's HPARAMS tab, next to the metrics they led to."""
+"""Hyperparameters next to the metrics they led to, for every logger of a run, through Lightning's public logger
+API (`log_hyperparams`, `log_metrics`): TensorBoard's HPARAMS tab, MLflow's params and metrics, W&B's config
+and summary, CSVLogger's hparams.yaml and metrics.csv."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -10,14 +13,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 
-def _tensorboard(trainer: L.Trainer) -> TensorBoardLogger | None:
-    if not trainer.is_global_zero:
-        return None
-    return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-
-
 def flat_hparams(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-    """Model and data hyperparameters as TensorBoard's HPARAMS tab takes them: scalars and strings."""
+    """Model and data hyperparameters as every logger takes them: scalars and strings, `model.` and `data.` keys."""
     flat: dict[str, Any] = {}
     sources = [("model", pl_module.hparams)]
     if trainer.datamodule is not None:
@@ -51,30 +48,55 @@ def best_tag(metric: str) -> str:
     return "hp/best_" + metric.replace("/", "_")
 
 
-class TensorBoardReport(Callback):
-    """Hyperparameters with their final metrics in the HPARAMS tab: the best value of the monitored metric
-    (hp/best_val_acc when the best checkpoint is chosen by val/acc), that metric and its test twin, and
-    the validation and test losses."""
+def final_tag(metric: str) -> str:
+    """hp/test_acc for test/acc: a run's final value of a metric, beside its hyperparameters."""
+    return "hp/" + metric.replace("/", "_")
+
+
+class HyperparameterReport(Callback):
+    """At fit start, the model's and data's hyperparameters (flat `model.lr`, `data.batch_size` keys) to every
+    logger; at fit end the best value of the monitored metric (`hp/best_val_acc`) and the last validation
+    metrics (`hp/val_acc`, `hp/val_loss`), after testing the test metrics (`hp/test_acc`, `hp/test_loss`).
+    TensorBoard's HPARAMS tab lists those `hp/` metrics in a column each."""
+
+    def __init__(self, metrics: tuple[str, ...] = ("acc", "loss")) -> None:
+        """Args:
+        metrics: the metric names reported per stage (`val/<name>`, `test/<name>`), when logged.
+        """
+        self.metrics = tuple(metrics)
+
+    def tags(self, trainer: L.Trainer) -> list[str]:
+        metric = monitored(trainer)
+        stages = [final_tag(f"{stage}/{name}") for stage in ("val", "test") for name in self.metrics]
+        return [best_tag(metric), *stages] if metric else stages
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        logger = _tensorboard(trainer)
-        if logger is None:
+        if not trainer.is_global_zero:
             return
-        from torch.utils.tensorboard.summary import hparams
-
-        metric = monitored(trainer)
-        tags = ["val/loss", "test/loss"]
-        if metric:
-            tags = [best_tag(metric), metric, metric.replace("val/", "test/", 1), *tags]
-        # the HPARAMS tab reads each metric as the last value of the scalar with that tag
-        experiment, start, end = hparams(flat_hparams(trainer, pl_module), dict.fromkeys(tags, 0.0))
-        writer = logger.experiment._get_file_writer()
-        for summary in (experiment, start, end):
-            writer.add_summary(summary)
+        params = flat_hparams(trainer, pl_module)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):  # declares the columns of HPARAMS; filled in at the end
+                logger.log_hyperparams(params, metrics=dict.fromkeys(self.tags(trainer), math.nan))
+            else:
+                logger.log_hyperparams(params)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        logger = _tensorboard(trainer)
         metric = monitored(trainer)
         best = trainer.checkpoint_callback.best_model_score if metric else None
-        if logger is not None and best is not None:
-            logger.experiment.add_scalar(best_tag(metric), float(best), trainer.global_step)
+        values = {final_tag(f"val/{name}"): trainer.callback_metrics.get(f"val/{name}") for name in self.metrics}
+        if best is not None:
+            values[best_tag(metric)] = best
+        self._log(trainer, values)
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log(
+            trainer, {final_tag(f"test/{name}"): trainer.callback_metrics.get(f"test/{name}") for name in self.metrics}
+        )
+
+    @staticmethod
+    def _log(trainer: L.Trainer, values: dict[str, Any]) -> None:
+        found = {tag: float(value) for tag, value in values.items() if value is not None}
+        if trainer.is_global_zero and found:
+            for logger in trainer.loggers:
+                logger.log_metrics(found, step=trainer.global_step)
+                logger.save()

@@ -23,17 +23,31 @@ class AtomicSaveConfigCallback(SaveConfigCallback):
         if self.already_saved or not self.save_to_log_dir or not self.overwrite or self.multifile:
             super().setup(trainer, pl_module, stage)
             return
-        log_dir = trainer.log_dir  # every rank: a collective call
-        if log_dir is None or not is_local(log_dir):
+        folder = trainer.strategy.broadcast(str(run_folder(trainer)) if trainer.is_global_zero else None)
+        if not is_local(folder):
             super().setup(trainer, pl_module, stage)
             return
-        final = self.config_filename
         if trainer.is_global_zero:
             config = self.parser.dump(self.config, skip_none=False)
-            write_atomically(Path(log_dir) / final, lambda stream: stream.write(config.encode("utf-8")))
+            write_atomically(Path(folder) / self.config_filename, lambda stream: stream.write(config.encode("utf-8")))
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+def run_folder(trainer: Any) -> Path:
+    """A run's own folder, where its checkpoints/ (Lightning's ModelCheckpoint rule) and config.yaml go:
+    `<save_dir>/<name>/<version>` of the first logger (<default_root_dir> for a logger without a local save_dir,
+    such as MLflow's with a database or server), `<default_root_dir>` without a logger. `trainer.log_dir` is
+    the root of every run for MLflow, or None."""
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    log_dir = getattr(logger, "log_dir", None)
+    if log_dir:
+        return Path(log_dir)
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version
 
 
 class RedactedSaveConfig(AtomicSaveConfigCallback):

@@ -49,7 +49,16 @@ class ThreadPolicy(Callback):
     different order), off the CPU, and without workers (there is nothing to share then).
     """
 
-    def __init__(self, num_workers: int, skip: int = 3, steps: int = 4, rounds: int = 2, margin: float = 0.02):
+    def __init__(
+        self, num_workers: int | None = None, skip: int = 3, steps: int = 4, rounds: int = 2, margin: float = 0.02
+    ) -> None:
+        """Args:
+        num_workers: the DataLoader workers per process (default: the trainer's data module's).
+        skip: steps left untimed first (start-up).
+        steps: steps a candidate runs in one turn.
+        rounds: turns of each candidate.
+        margin: the share by which every core must be faster to be chosen over the workers-first count.
+        """
         self.num_workers = num_workers
         self.skip, self.steps, self.rounds, self.margin = skip, steps, rounds, margin
         self.candidates: list[int] = []
@@ -63,9 +72,10 @@ class ThreadPolicy(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.candidates, self._previous = [], None
-        if not isinstance(trainer.accelerator, CPUAccelerator) or threads_fixed_by_user() or not self.num_workers:
+        workers = self.num_workers if self.num_workers is not None else getattr(trainer.datamodule, "num_workers", 0)
+        if not isinstance(trainer.accelerator, CPUAccelerator) or threads_fixed_by_user() or not workers:
             return
-        fixed = fixed_threads(self.num_workers, trainer.num_devices)
+        fixed = fixed_threads(workers, trainer.num_devices)
         every = max(1, usable_cores() // max(1, trainer.num_devices))
         if torch.are_deterministic_algorithms_enabled() or fixed == every:
             torch.set_num_threads(fixed)

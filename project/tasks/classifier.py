@@ -18,11 +18,11 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from project.callbacks.media import log_image, media_loggers
 from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
 
 PER_CLASS_SCALARS_UP_TO = 100  # more classes than this: per-class accuracy only in the confusion matrix
@@ -118,16 +118,9 @@ class Classifier(L.LightningModule):
             per_class = matrix.diag() / matrix.sum(1).clamp(min=1)
             for name, value in zip(names, per_class.tolist(), strict=True):
                 self.log(f"test/acc_class/{name}", value, sync_dist=False, rank_zero_only=True)
-        logger = self.tensorboard()
-        if logger is not None and len(matrix) <= CONFUSION_IMAGE_UP_TO:
-            logger.experiment.add_image("test/confusion_matrix", render_confusion_matrix(matrix, names), 0)
-            logger.experiment.flush()
-
-    def tensorboard(self) -> TensorBoardLogger | None:
-        """The run's TensorBoard logger, on global rank zero only (images and texts are written once)."""
-        if self._trainer is None or not self.trainer.is_global_zero:
-            return None
-        return next((logger for logger in self.loggers if isinstance(logger, TensorBoardLogger)), None)
+        loggers = media_loggers(self)
+        if loggers and len(matrix) <= CONFUSION_IMAGE_UP_TO:
+            log_image(loggers, "test/confusion_matrix", render_confusion_matrix(matrix, names), 0)
 
     # -- optimization --------------------------------------------------------------------------------
 

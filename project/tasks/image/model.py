@@ -8,6 +8,7 @@ import torch
 from lightning.pytorch import Callback
 from torchvision.transforms import v2
 
+from project.callbacks.media import log_image, media_loggers
 from project.tasks.classifier import Classifier, decay_groups, lr_factor
 from project.tasks.image.backbones import build_backbone
 from project.tasks.image.batch import ImageBatch
@@ -147,9 +148,9 @@ class ImageClassifier(Classifier):
         self.score("test", self(batch.image), batch.label)
 
     def on_train_batch_start(self, batch: ImageBatch, batch_idx: int) -> None:
-        """The first training batch of a fit, as the model sees it, as an image grid in TensorBoard."""
-        if not self._batch_logged and (logger := self.tensorboard()) is not None:
-            logger.experiment.add_image("train/first_batch", batch_grid(batch.image), self.global_step)
+        """The first training batch of a fit, as the model sees it, as an image grid for the loggers."""
+        if not self._batch_logged and (loggers := media_loggers(self)):
+            log_image(loggers, "train/first_batch", batch_grid(batch.image), self.global_step)
         self._batch_logged = True
 
     def parameter_groups(self) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from project.callbacks.media import log_text, media_loggers
 from project.errors import UserError
 from project.tasks.classifier import Classifier
 from project.tasks.text.batch import TextBatch
@@ -115,15 +116,15 @@ class TextClassifier(Classifier):
         self.score("test", self(batch.tokens), batch.label)
 
     def on_train_batch_start(self, batch: TextBatch, batch_idx: int) -> None:
-        """The first training batch of a fit, as texts (after truncation and augmentation), in TensorBoard."""
+        """The first training batch of a fit, as texts (after truncation and augmentation), for the loggers."""
         detokenize = getattr(self._trainer and self.trainer.datamodule, "detokenize", None)
-        if not self._batch_logged and detokenize is not None and (logger := self.tensorboard()) is not None:
+        if not self._batch_logged and detokenize is not None and (loggers := media_loggers(self)):
             names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
             rows = ["| label | tokens | text |", "|---|---|---|"]
             for tokens, length, label in list(zip(batch.tokens, batch.lengths, batch.label, strict=True))[:TABLE_ROWS]:
                 text = detokenize(tokens[: int(length)].tolist()).replace("|", "\\|").replace("\n", " ")
                 rows.append(f"| {names[int(label)]} | {int(length)} | {text} |")
-            logger.experiment.add_text("train/first_batch", "\n".join(rows), self.global_step)
+            log_text(loggers, "train/first_batch", "\n".join(rows), self.global_step)
         self._batch_logged = True
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

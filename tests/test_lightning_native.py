@@ -1,0 +1,106 @@
+"""What a Lightning user knows works here: the template's callbacks stand in the config (seen, changed in one
+line, removed), a user's own progress bar and callbacks compose with them, and CSV and MLflow loggers get the
+hyperparameters, the `hp/` results and the pictures TensorBoard gets."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+
+from project.callbacks.template import SECTIONS
+from project.callbacks.threads import ThreadPolicy
+from project.cli import ProjectCLI
+
+from .conftest import REPO, run_here
+
+FAST = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
+        "--trainer.limit_test_batches=2", "--trainer.log_every_n_steps=1", "--data.image_size=16", "--data.num_workers=0",
+        "--trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+def trainer_of(tiny_demo: Path, *args: str):
+    cli = ProjectCLI(args=[f"--data.root={tiny_demo}", "--trainer.logger=false", "--data.num_workers=0", *args])
+    return cli.trainer
+
+
+def test_print_config_shows_every_template_callback(tmp_path):
+    result = run_here("project.train", "--print_config", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = yaml.safe_load(result.stdout)
+    assert set(config["callbacks"]) == set(SECTIONS)
+    assert config["callbacks"]["threads"]["class_path"] == "project.callbacks.threads.ThreadPolicy"
+    assert config["callbacks"]["best_checkpoint"]["init_args"]["monitor"] == "val/acc"
+
+
+def test_one_line_changes_one_callback_and_null_removes_one(tiny_demo):
+    trainer = trainer_of(tiny_demo, "--callbacks.last_checkpoint.every_n_train_steps=7", "--callbacks.threads=null")
+    last = [c for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.filename == "last"]
+    assert len(last) == 1 and last[0]._every_n_train_steps == 7
+    assert not any(isinstance(c, ThreadPolicy) for c in trainer.callbacks)
+    spot = trainer_of(tiny_demo, f"--config={REPO / 'configs/trainer/spot.yaml'}")
+    (last,) = [c for c in spot.callbacks if isinstance(c, ModelCheckpoint) and c.filename == "last"]
+    assert last._every_n_train_steps == 200 and any(isinstance(c, ThreadPolicy) for c in spot.callbacks)
+
+
+def test_a_users_progress_bar_and_callbacks_compose_with_the_templates(tiny_demo, tmp_path):
+    trainer = trainer_of(tiny_demo, "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar")
+    assert sum(isinstance(c, TQDMProgressBar) for c in trainer.callbacks) == 1
+    assert sum(isinstance(c, ModelCheckpoint) for c in trainer.callbacks) == 2
+    result = run_here("project.train", f"--data.root={tiny_demo}", *FAST[:-1],
+                      "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]  # Lightning refused two progress bars before
+
+
+def test_a_config_that_restates_the_old_callback_list_keeps_working(tiny_demo, tmp_path):
+    old = tmp_path / "old.yaml"  # the default config's callback list, as configs/trainer/spot.yaml had it
+    old.write_text(yaml.safe_dump({"trainer": {"callbacks": [
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"filename": "best", "monitor": "val/acc", "mode": "max"}},
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"filename": "last", "enable_version_counter": False, "every_n_train_steps": 200}},
+        {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
+    ]}}))  # fmt: skip
+    trainer = trainer_of(tiny_demo, f"--config={old}")
+    checkpoints = sorted(c.filename for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
+    assert checkpoints == ["best", "last"] and sum(isinstance(c, LearningRateMonitor) for c in trainer.callbacks) == 1
+    assert any(isinstance(c, ThreadPolicy) for c in trainer.callbacks)  # the sections it did not restate stay
+
+
+@pytest.mark.slow
+def test_csv_and_mlflow_loggers_get_hyperparameters_results_and_pictures(tiny_demo, tmp_path):
+    result = run_here("project.train", f"--config={REPO / 'configs/logger/csv.yaml'}", f"--data.root={tiny_demo}",
+                      *FAST, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "logs" / "demo" / "version_0"
+    with open(run / "metrics.csv", newline="") as stream:
+        columns = set(next(csv.reader(stream)))
+    assert {"train/loss", "val/acc", "hp/best_val_acc", "hp/test_acc", "hp/val_loss"} <= columns
+    hparams = yaml.safe_load((run / "hparams.yaml").read_text())
+    assert hparams["model.backbone"] == "small_cnn" and hparams["data.image_size"] == 16
+    assert {p.name for p in (run / "media").iterdir()} == {
+        "train_first_batch-step000000.png",
+        "test_confusion_matrix-step000000.png",
+    }
+    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "best.ckpt").is_file()
+
+    pytest.importorskip("mlflow")
+    result = run_here("project.train", f"--config={REPO / 'configs/logger/mlflow.yaml'}", f"--data.root={tiny_demo}",
+                      *FAST, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("demo").experiment_id])
+    assert run.data.params["model.backbone"] == "small_cnn"
+    assert {"hp/best_val_acc", "hp/test_acc", "val/acc"} <= set(run.data.metrics)
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "media")} == {
+        "media/train_first_batch-step000000.png",
+        "media/test_confusion_matrix-step000000.png",
+    }
+    folder = tmp_path / "logs" / run.info.experiment_id / run.info.run_id
+    assert (folder / "config.yaml").is_file() and (folder / "checkpoints" / "best.ckpt").is_file()
+    assert f"run folder: logs/{run.info.experiment_id}/{run.info.run_id}" in result.stdout
