@@ -8,6 +8,7 @@ import csv
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 
@@ -17,9 +18,16 @@ from project.cli import ProjectCLI
 
 from .conftest import REPO, run_here
 
-FAST = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
-        "--trainer.limit_test_batches=2", "--trainer.log_every_n_steps=1", "--data.image_size=16", "--data.num_workers=0",
-        "--trainer.enable_progress_bar=false"]  # fmt: skip
+FAST = [
+    "--trainer.max_epochs=1",
+    "--trainer.limit_train_batches=3",
+    "--trainer.limit_val_batches=2",
+    "--trainer.limit_test_batches=2",
+    "--trainer.log_every_n_steps=1",
+    "--data.image_size=16",
+    "--data.num_workers=0",
+    "--trainer.enable_progress_bar=false",
+]
 
 
 def trainer_of(tiny_demo: Path, *args: str):
@@ -104,3 +112,59 @@ def test_csv_and_mlflow_loggers_get_hyperparameters_results_and_pictures(tiny_de
     folder = tmp_path / "logs" / run.info.experiment_id / run.info.run_id
     assert (folder / "config.yaml").is_file() and (folder / "checkpoints" / "best.ckpt").is_file()
     assert f"run folder: logs/{run.info.experiment_id}/{run.info.run_id}" in result.stdout
+
+
+AUGMENT = """
+data:
+  init_args:
+    augment:
+      class_path: torchvision.transforms.v2.Compose
+      init_args:
+        transforms:
+          - class_path: torchvision.transforms.v2.RandomResizedCrop
+            init_args: {size: 16, scale: [0.5, 1.0]}
+          - class_path: torchvision.transforms.v2.RandomHorizontalFlip
+          - class_path: torchvision.transforms.v2.ColorJitter
+            init_args: {brightness: 0.2}
+"""
+
+
+def test_an_augmentation_pipeline_from_the_config_runs_on_the_fast_path_where_it_can(tiny_demo, tmp_path):
+    from torchvision.transforms import v2
+
+    from project.tasks.image.data import ImageShards
+
+    config = tmp_path / "augment.yaml"
+    config.write_text(AUGMENT)
+    cli = ProjectCLI(args=[f"--config={config}", f"--data.root={tiny_demo}", "--data.image_size=16",
+                           "--trainer.logger=false", "--data.num_workers=0"])  # fmt: skip
+    data = cli.datamodule
+    assert data.crop_flip is not None and data.crop_flip.scale == (0.5, 1.0) and data.crop_flip.flip == 0.5
+    assert [type(step).__name__ for step in data.train_rest.transforms] == ["ColorJitter"]
+    assert data.augmentation() == (
+        "RandomResizedCrop, RandomHorizontalFlip (batched, crops.py), then ColorJitter (torchvision v2, per sample)"
+    )
+    batch = next(iter(data.train_dataloader()))
+    assert batch.image.shape[1:] == (3, 16, 16) and batch.image.dtype == torch.uint8
+    other = ImageShards(root=str(tiny_demo), image_size=16, num_workers=0, classes=["a"],
+                        augment=v2.Compose([v2.ColorJitter(0.2), v2.Resize(16), v2.CenterCrop(16)]))  # fmt: skip
+    assert (
+        other.crop_flip is None
+        and other.augmentation() == "ColorJitter, Resize, CenterCrop (torchvision v2, per sample)"
+    )
+
+
+def test_timm_backbones_build_offline_and_take_a_local_weights_file(tmp_path):
+    timm = pytest.importorskip("timm")
+    from project.errors import UserError
+    from project.tasks.image.model import ImageClassifier
+
+    model = ImageClassifier(num_classes=3, backbone="timm:resnet18", image_size=32)
+    assert model(torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).shape == (2, 3)
+    published = timm.create_model("convnext_atto", num_classes=3)  # a timm checkpoint, saved as its users do
+    torch.save(published.state_dict(), tmp_path / "convnext.pth")
+    loaded = ImageClassifier(num_classes=3, backbone="timm:convnext_atto", weights=str(tmp_path / "convnext.pth"))
+    assert torch.equal(loaded.head.weight, published.head.fc.weight)
+    assert torch.equal(loaded.backbone.stem[0].weight, published.stem[0].weight)
+    with pytest.raises(UserError, match="timm has no such model"):
+        ImageClassifier(num_classes=3, backbone="timm:no_such_net")

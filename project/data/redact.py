@@ -131,7 +131,20 @@ def redact_value(value: Any) -> Any:
 
 def redact_hparams(owner: Any) -> None:
     """Redact a LightningModule's or LightningDataModule's saved hyperparameters in place, right after
-    `save_hyperparameters()`: those are what hparams.yaml, TensorBoard and every checkpoint receive."""
+    `save_hyperparameters()`: those are what hparams.yaml, TensorBoard and every checkpoint receive. An
+    object among them (a torchvision pipeline given as `data.augment`) becomes its text: a checkpoint must
+    hold plain data only, or loading it with `weights_only=True` would refuse it."""
     for hparams in (owner.hparams, getattr(owner, "_hparams_initial", None)):
         for key, value in list((hparams or {}).items()):
-            hparams[key] = redact_value(value)
+            hparams[key] = plain(redact_value(value))
+
+
+def plain(value: Any) -> Any:
+    """`value` with every object that is not plain data (str, number, bool, None, list, tuple, dict) as its text."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value] if isinstance(value, list) else tuple(plain(item) for item in value)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return " ".join(repr(value).split())

@@ -19,6 +19,7 @@ from torch import nn
 from project.errors import UserError
 
 DOWNLOAD_TIMEOUT_S = 60
+TIMM_PREFIX = "timm:"  # --model.backbone timm:convnext_tiny: any model of timm (the timm extra)
 
 
 def _block(inputs: int, outputs: int) -> nn.Sequential:
@@ -49,7 +50,7 @@ def small_cnn(width: int = 32, in_channels: int = 3) -> tuple[nn.Module, int]:
 
 
 def available_backbones() -> list[str]:
-    """Every name `--model.backbone` accepts: small_cnn and torchvision's classification models."""
+    """Every name `--model.backbone` accepts but timm's (timm:NAME): small_cnn and torchvision's classifiers."""
     return ["small_cnn", *torchvision.models.list_models(module=torchvision.models)]
 
 
@@ -64,11 +65,13 @@ def build_backbone(
     the head maps those to `num_classes` logits.
 
     Args:
-        name: "small_cnn" or a torchvision classification model ("resnet18", "mobilenet_v3_large", ...).
+        name: "small_cnn", a torchvision classification model ("resnet18", "mobilenet_v3_large", ...), or
+            "timm:NAME" for any timm model ("timm:convnext_tiny", "timm:vit_small_patch16_224").
         num_classes: size of the new head.
         width: first-stage width of small_cnn (ignored by torchvision models).
         weights: None (random init), a torchvision weight name ("DEFAULT", "IMAGENET1K_V1", or the
-            full "ResNet18_Weights.IMAGENET1K_V1"), or the path of a local weights file.
+            full "ResNet18_Weights.IMAGENET1K_V1"; timm models: "DEFAULT"), or the path of a local weights file
+            (a state dict, a timm or torchvision checkpoint, or one of this project's).
         image_size: input size; only vision transformers without pretrained weights use it (their
             position embeddings are sized for it).
     """
@@ -80,14 +83,43 @@ def build_backbone(
     elif name in torchvision.models.list_models(module=torchvision.models):
         pretrained = _torchvision_weights(name, weights) if weights and not _is_path(weights) else None
         features, head = _torchvision_backbone(name, num_classes, pretrained, image_size)
+    elif name.startswith(TIMM_PREFIX):
+        features, head = _timm_backbone(
+            name[len(TIMM_PREFIX) :], num_classes, weights if not _is_path(weights or "") else None
+        )
     else:
         raise UserError(
-            f"unknown backbone {name!r}: expected small_cnn or a torchvision classification model "
-            f"such as resnet18, mobilenet_v3_large, efficientnet_b0 (all: {', '.join(available_backbones())})"
+            f"unknown backbone {name!r}: expected small_cnn, a torchvision classification model such as "
+            f"resnet18, mobilenet_v3_large, efficientnet_b0, or timm:NAME (all but timm's: "
+            f"{', '.join(available_backbones())})"
         )
     if weights and _is_path(weights):
         load_weights_file(features, head, Path(weights))
     return features, head
+
+
+def _timm_backbone(name: str, num_classes: int, weights: str | None) -> tuple[nn.Module, nn.Linear]:
+    """A timm model without its classifier (`num_classes=0`: pooled features), and a new head. `weights`:
+    None (random), or "DEFAULT" for timm's own pretrained weights (downloaded from the Hugging Face hub)."""
+    try:
+        import timm
+    except ImportError:
+        raise UserError(f'--model.backbone {TIMM_PREFIX}{name} needs timm: pip install -e ".[timm]"') from None
+    if not timm.is_model(name):
+        found = timm.list_models(f"*{name}*")[:5]
+        hint = f" (similar: {', '.join(found)})" if found else " (timm.list_models() lists them)"
+        raise UserError(f"--model.backbone {TIMM_PREFIX}{name}: timm has no such model{hint}")
+    if weights not in (None, "DEFAULT"):
+        raise UserError(f"--model.weights {weights!r}: for a timm model, DEFAULT (timm's pretrained weights) or a file")
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        features = timm.create_model(name, pretrained=weights == "DEFAULT", num_classes=0)
+    except (OSError, RuntimeError) as error:  # offline, or the hub refused: huggingface_hub's errors are OSErrors
+        raise UserError(f"could not load timm's {name} weights ({error}); pass a weights file's path instead") from None
+    finally:
+        socket.setdefaulttimeout(previous)
+    return features, nn.Linear(features.num_features, num_classes)
 
 
 def _is_path(weights: str) -> bool:

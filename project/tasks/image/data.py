@@ -4,10 +4,13 @@ and augmented in the DataLoader workers (or decoded on the training device), bat
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torchvision.transforms import v2
 
 from project.data.datamodule import ShardDataModule, check_positive
 from project.data.samples import Sample
@@ -30,10 +33,12 @@ from project.tasks.image.decode import (
 )
 from project.tasks.image.demo import demo_is_complete, make_demo
 from project.tasks.image.device_decode import DeviceDecoder
-from project.tasks.image.transforms import Preset, build_transform, pixels, transform_all
+from project.tasks.image.transforms import Preset, build_transform, described, pixels, training_transform, transform_all
 from project.tasks.labels import ClassNames
 
 DEMO_ROOT = Path("data/demo")
+# a pipeline given as data.augment is an nn.Module: the hyperparameters keep its config (redact.plain), not it
+warnings.filterwarnings("ignore", message="Attribute 'augment' is an instance of `nn.Module`")
 JPEG_MAGIC = b"\xff\xd8\xff"
 
 
@@ -46,9 +51,10 @@ class ImageShards(ClassNames, ShardDataModule):
 
     Args:
         image_size: side of the square images the model sees.
-        augment: training augmentation preset: none, light, standard or strong (torchvision.transforms.v2;
-            the random resized crop and flip run batched, see crops.py); validation and test resize and
-            center-crop.
+        augment: training augmentation: a preset (none, light, standard or strong), or any
+            torchvision.transforms.v2 pipeline by class_path (uint8 CHW in, `image_size`² out). A leading
+            RandomResizedCrop (bilinear) and RandomHorizontalFlip run batched (crops.py), the rest per
+            sample; the run says which. Validation and test resize and center-crop.
         classes: class names, when the shard index does not record them.
         decode_on: where JPEGs are decoded: cpu (in the DataLoader workers) or device (on the training
             device after the batch reaches it, with torchvision's decode_jpeg: nvJPEG on CUDA); see
@@ -67,7 +73,7 @@ class ImageShards(ClassNames, ShardDataModule):
     def __init__(
         self,
         image_size: int = 32,
-        augment: Preset = "light",
+        augment: Preset | v2.Transform = "light",
         classes: list[str] | None = None,
         decode_on: Literal["cpu", "device"] = "cpu",
         max_image_pixels: int = MAX_IMAGE_PIXELS,
@@ -77,17 +83,29 @@ class ImageShards(ClassNames, ShardDataModule):
         super().__init__(**kwargs)
         self.image_size, self.augment, self.decode_on = image_size, augment, decode_on
         self.max_image_pixels = max_image_pixels
-        self.transforms = {
-            stage: build_transform(augment, image_size, train=stage == "train")
-            for stage in ("train", "val", "test", "predict")
-        }
-        self.device_decoder = DeviceDecoder(augment, image_size, max_image_pixels) if decode_on == "device" else None
+        train = training_transform(augment, image_size)
+        evaluation = build_transform("none", image_size, train=False)
+        self.transforms = {"train": train, "val": evaluation, "test": evaluation, "predict": evaluation}
+        self.device_decoder = DeviceDecoder(train, image_size, max_image_pixels) if decode_on == "device" else None
         # the training crop and flip, batched (crops.py); torchvision runs the preset's other steps per sample
         self.crop_flip, self.train_rest = CropFlip.split(self.transforms["train"])
         # decode at a reduced JPEG scale only while the smallest usual crop still covers image_size
         smallest = self.crop_flip.scale[0] if self.crop_flip else 1.0
         self.decode_sizes = {"train": math.ceil(image_size / math.sqrt(smallest))}
         self._classes = classes
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit":
+            rank_zero_info(f"augmentation: {self.augmentation()}")
+
+    def augmentation(self) -> str:
+        """Which path the training transform takes: the batched crop and flip, torchvision per sample, or both."""
+        if self.crop_flip is None:
+            return f"{described(self.transforms['train'])} (torchvision v2, per sample)"
+        flip = ", RandomHorizontalFlip" if self.crop_flip.flip else ""
+        rest = f", then {described(self.train_rest)} (torchvision v2, per sample)" if self.train_rest else ""
+        return f"RandomResizedCrop{flip} (batched, crops.py){rest}"
 
     def prepare_missing(self) -> None:
         """Build the demo data when the configuration reads it and it is missing."""

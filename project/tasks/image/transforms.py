@@ -55,6 +55,19 @@ def build_transform(preset: Preset, image_size: int, train: bool) -> v2.Compose:
     return v2.Compose(steps)
 
 
+def training_transform(augment: Preset | v2.Transform, image_size: int) -> v2.Compose:
+    """The training transform: a preset's, or a torchvision v2 pipeline given in the config (by class_path),
+    which must turn a uint8 CHW image into a uint8 CHW image of `image_size`² (as the presets do)."""
+    if isinstance(augment, str):
+        return build_transform(augment, image_size, train=True)
+    return augment if isinstance(augment, v2.Compose) else v2.Compose([augment])
+
+
+def described(transform: v2.Compose) -> str:
+    """The steps of a transform by name: `RandomResizedCrop, RandomHorizontalFlip, ColorJitter`."""
+    return ", ".join(type(step).__name__ for step in transform.transforms) or "nothing"
+
+
 def pixels(image: Image.Image | np.ndarray | torch.Tensor) -> torch.Tensor:
     """A decoded image as a uint8 CHW tensor (a view of an HWC array: the batch copy makes it contiguous)."""
     if isinstance(image, torch.Tensor):
