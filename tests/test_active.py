@@ -175,3 +175,13 @@ def test_bad_active_arguments_are_one_line_before_any_training(tiny_demo, tmp_pa
     misspelled = run_here("project.active", *base, "--labeled=x", "--budget=10", "--model.nope=1", cwd=tmp_path)
     assert misspelled.returncode == 2 and "Traceback" not in misspelled.stderr and "nope" in misspelled.stderr
     assert not (tmp_path / "logs").exists() and not (tmp_path / "x").exists()
+
+
+def test_the_default_seed_set_is_at_least_one_batch(tiny_demo, tmp_path):
+    from project.active.run import parse_args, settings_from
+
+    common = [f"--pool={tiny_demo / 'train'}", f"--labeled={tmp_path / 'labeled'}", "--budget=10", "--rounds=1"]
+    *_, initial = settings_from(*parse_args([*common, f"--data.root={tiny_demo}"]))
+    assert initial == 32  # configs/active/default.yaml's batch_size: 1% of the 600 samples would be 6
+    *_, initial = settings_from(*parse_args([*common, "--data.batch_size=4", f"--data.root={tiny_demo}"]))
+    assert initial == 6

@@ -102,8 +102,9 @@ def test_a_fit_shorter_than_the_warm_up_ends_on_the_rule(four_cores, tmp_path):
 @pytest.mark.parametrize("setting", ["omp", "deterministic", "no workers"])
 def test_inactive_where_the_count_must_not_depend_on_timing(four_cores, tmp_path, monkeypatch, setting):
     torch.set_num_threads(3)
-    if setting == "omp":
+    if setting == "omp":  # as a user sets it, before the project starts
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        monkeypatch.setenv(threads.USER_THREADS, "3")
     module = ThreadTimedModule({2: 0.0, 3: 0.0, 4: 0.0})
     policy = ThreadPolicy(num_workers=0 if setting == "no workers" else 2, skip=1, steps=2)
     fit(module, policy, tmp_path, deterministic=setting == "deterministic")
@@ -123,3 +124,13 @@ def test_a_fit_resumed_within_the_warm_up_runs_each_step_at_the_interrupted_runs
     fit(resumed, again, tmp_path / "resumed", ckpt_path=tmp_path / "steps" / "step=7.ckpt")
     assert resumed.counts == whole.counts[7:]  # steps 7-13 at the schedule's counts, then the choice
     assert again.chosen == policy.chosen == 4
+
+
+def test_the_thread_count_lightnings_launcher_sets_is_not_taken_for_the_users(monkeypatch):
+    monkeypatch.setenv(threads.USER_THREADS, "")  # the user set none when the run started
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Lightning's DDP launcher sets for its processes
+    assert not threads.threads_fixed_by_user()
+    monkeypatch.setenv(threads.USER_THREADS, "1")  # the user's own 1
+    assert threads.threads_fixed_by_user()
+    monkeypatch.delenv(threads.USER_THREADS)  # the note missing: OMP_NUM_THREADS counts as the user's
+    assert threads.threads_fixed_by_user()

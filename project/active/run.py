@@ -61,7 +61,8 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--rounds", type=int, required=True, help="rounds of selection")
     parser.add_argument("--strategy", default="entropy,random", help="comma-separated: random, entropy, margin, "
                         "least-confidence, kcenter (default: entropy,random)")  # fmt: skip
-    parser.add_argument("--initial", type=int, help="seed set size when --labeled is empty (default: 1%% of the pool)")
+    parser.add_argument("--initial", type=int, help="seed set size when --labeled is empty (default: 1%% of the pool, "
+                        "at least one batch)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="loops per strategy, seeds S, S+1, ... (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--oracle", choices=("simulated", "human"), default="simulated")
@@ -89,7 +90,9 @@ def settings_from(options: argparse.Namespace, overrides: list[str]) -> tuple[Se
     overrides = ["--config", str(ACTIVE_CONFIG), *overrides]
     config = ConfigOnlyCLI(args=overrides).config  # a bad override fails here, before any work
     pool = resolve_shards(options.pool)
-    initial = options.initial or max(1, round(0.01 * pool.nsamples))
+    # by default 1% of the pool, and at least one batch: a smaller seed set has no training batch at all
+    batch_size = int(getattr(getattr(config.data, "init_args", None), "batch_size", 1) or 1)
+    initial = options.initial or max(batch_size, round(0.01 * pool.nsamples))
     needed = options.budget * options.rounds + (0 if has_index(options.labeled) else initial)
     if needed > pool.nsamples:
         raise UserError(f"the pool has {pool.nsamples} samples, fewer than the {needed} that --initial, --budget "

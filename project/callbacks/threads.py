@@ -27,8 +27,17 @@ def fixed_threads(num_workers: int, processes: int = 1) -> int:
     return max(1, usable_cores() // max(1, processes) - num_workers)
 
 
+# OMP_NUM_THREADS as the user left it, noted when this project starts, before Lightning's launcher sets it for
+# the processes it starts (cores ÷ processes, under CPU DDP): they inherit the note, so the launcher's value is
+# not taken for the user's wish.
+USER_THREADS = "LIGHTNING_SHARDS_USER_OMP"
+os.environ.setdefault(USER_THREADS, os.environ.get("OMP_NUM_THREADS", ""))
+
+
 def threads_fixed_by_user() -> bool:
-    return "OMP_NUM_THREADS" in os.environ
+    """Whether the user fixed the thread count: OMP_NUM_THREADS is set, to what it was when the project started."""
+    value = os.environ.get("OMP_NUM_THREADS")
+    return value is not None and os.environ.get(USER_THREADS, value) == value
 
 
 class ThreadPolicy(Callback):
