@@ -164,6 +164,14 @@ class ConfigOnlyCLI(ProjectCLI):
     def instantiate_classes(self) -> None:
         pass
 
+    def check_data(self) -> None:
+        """Build the model and data (no trainer: no run folder) and read the training and validation splits'
+        indexes: a missing path or a bad setting is one line now, not in every trial."""
+        data = self.parser.instantiate_classes(self.config).data
+        for split in ("train", "val"):
+            if data.specs.get(split) is not None:
+                data.index(split)
+
 
 class EvaluateCLI(ProjectCLI):
     """ProjectCLI plus `--split`, for project.evaluate."""

@@ -209,7 +209,9 @@ def open_study(storage: str, name: str, search: dict, sampler: optuna.samplers.B
 
 def main(args: list[str] | None = None) -> optuna.Study | None:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
-    config = ConfigOnlyCLI(args=overrides).config  # checks the overrides before any trial
+    checked = ConfigOnlyCLI(args=overrides)  # checks the overrides before any trial
+    checked.check_data()  # and the data: a missing split is one line here, for both backends
+    config = checked.config
     options.search = options.search or default_search(config)
     search = load_search(options.search)
     unknown = [key for key in search["params"] if not has_key(config, key)]

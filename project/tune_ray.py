@@ -36,7 +36,8 @@ import yaml
 from lightning.pytorch import Callback
 
 from project.data.atomic import write_text_atomically
-from project.errors import UserError
+from project.data.redact import redact_text
+from project.errors import UserError, one_line, user_error_in
 from project.tune_common import as_flags, best_config, short, trial_flags, versioned_logger
 
 SCHEDULERS = ("asha", "pbt", "fifo")
@@ -139,12 +140,23 @@ def trainable(config: dict[str, Any], overrides: list[str], versioned: bool, fol
     """One trial: a project.train run with the trial's values, restored from a checkpoint where Ray gives one
     (PBT's exploit, or a trial resumed after an interruption). A restore is noted in the trial's folder, in
     restored.txt."""
+    os.chdir(cwd)  # Ray starts a trial in a folder of its own; the command's relative paths are the user's
+    try:
+        _run_trial(config, overrides, versioned, folder, metric)
+    except Exception as error:
+        found = user_error_in(error)  # the cause chain is lost once Ray carries the error to the driver
+        if found is None:
+            raise
+        raise UserError(redact_text(one_line(found))) from None
+
+
+def _run_trial(config: dict[str, Any], overrides: list[str], versioned: bool, folder: str, metric: str) -> None:
+    """The body of `trainable`."""
     from ray import tune
     from ray.tune.integration.pytorch_lightning import TuneReportCheckpointCallback
 
     from project.cli import ProjectCLI
 
-    os.chdir(cwd)  # Ray starts a trial in a folder of its own; the command's relative paths are the user's
     number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
     flags = trial_flags(overrides, versioned, Path(folder), number) + as_flags(config)
     report = TuneReportCheckpointCallback(metrics={tune_name(metric): metric}, filename=CHECKPOINT)
@@ -211,6 +223,19 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
     return report_results(results, search, folder, metric, mode)
 
 
+def trial_error(error: BaseException) -> str:
+    """The line a trial's error would have printed: the trial's own exception, which Ray keeps as `cause` of its
+    wrapping (a `trainable` turned a user's mistake into a plain UserError), or else the last line of the
+    traceback Ray's error carries in its text."""
+    seen = 0
+    while getattr(error, "cause", None) is not None and seen < 10:
+        error, seen = error.cause, seen + 1
+    if isinstance(error, UserError) and error.args:
+        return str(error.args[0]).splitlines()[-1].strip()
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
 def report_results(results: Any, search: dict, folder: Path, metric: str, mode: str) -> Path | None:
     from rich.console import Console
     from rich.table import Table
@@ -243,6 +268,9 @@ def report_results(results: Any, search: dict, folder: Path, metric: str, mode: 
         steps = len(exploits[0].read_text().splitlines())
         print(f"PBT: {steps} exploit steps (a trial took a better one's checkpoint, then perturbed): {exploits[0]}")
     if best is None:
+        failed = next((result.error for result in results if result.error), None)
+        if failed is not None:  # every trial failed: the first one's error, as a trial would have said it
+            raise UserError(f"every trial failed; the first: {trial_error(failed)}")
         return None
     trial_config = folder / f"trial_{best[0]}" / "config.yaml"
     values = ", ".join(f"{key}={short(best[4][key])}" for key in keys)

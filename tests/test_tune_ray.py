@@ -168,3 +168,42 @@ def test_a_trial_restored_from_another_takes_its_own_learning_rate_and_weight_de
     fresh = NewHyperparameters()  # a trial that restored nothing is left alone
     fresh.on_train_start(trainer, module)
     assert schedule.base_lrs == pytest.approx([0.02, 0.002])
+
+
+def test_a_missing_data_path_stops_both_backends_before_any_trial(tmp_path):
+    for backend in ("optuna", "ray"):
+        if backend == "ray":
+            pytest.importorskip("ray.tune")
+        with pytest.raises(UserError, match="data path not found: data/missing/train"):
+            main([f"--backend={backend}", "--n-trials=2", "--data.root=data/missing", f"--study-name=m-{backend}",
+                  f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_ray_study_on_a_running_cluster_with_relative_paths_and_one_whose_trials_all_fail(tiny_demo, tmp_path):
+    """A cluster started apart (`ray start --head`, as on a real one) and `--address auto`; paths relative to
+    where the command runs. Then a search whose every trial fails exits 2 with the first trial's error."""
+    pytest.importorskip("ray.tune")
+    ray = str(Path(sys.executable).parent / "ray")
+    (tmp_path / "demo").symlink_to(tiny_demo)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    started = subprocess.run([ray, "start", "--head", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+                              "--include-dashboard=false", "--disable-usage-stats"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert started.returncode == 0, started.stderr[-3000:]
+    try:
+        search = write_search(tmp_path / "search.yaml")
+        common = [f"--search={search.name}", "--data.root=demo", "--backend=ray", "--address=auto", *TINY]
+        result = run_module("project.tune", *common, "--study-name=cluster", "--n-trials=2", "--scheduler=fifo",
+                            "--trainer.max_epochs=1", cwd=tmp_path, timeout=600)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "experiment cluster: 2 trials" in result.stdout and (tmp_path / "logs/cluster/best.yaml").is_file()
+        failing = tmp_path / "failing.yaml"
+        failing.write_text(yaml.safe_dump({"params": {"data.batch_size": {"type": "categorical", "choices": [0]}}}))
+        failed = run_module("project.tune", *common, f"--search={failing.name}", "--study-name=failing",
+                            "--n-trials=2", "--trainer.max_epochs=1", cwd=tmp_path, timeout=600)  # fmt: skip
+        assert failed.returncode == 2, failed.stderr[-3000:]
+        (line,) = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
+        assert line == "error: every trial failed; the first: data.batch_size must be positive, got 0", line
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
