@@ -22,6 +22,7 @@ from project.callbacks.checkpoint_io import check_checkpoint, is_local, local_ch
 from project.callbacks.save_config import RedactedSaveConfig, run_folder
 from project.callbacks.template import add_callback_sections, chosen
 from project.callbacks.threads import fixed_threads, threads_fixed_by_user
+from project.commands import started_as
 from project.data.datamodule import ShardDataModule
 from project.data.redact import redact
 from project.errors import UserError
@@ -77,7 +78,7 @@ class ProjectCLI(LightningCLI):
         self.from_checkpoint = from_checkpoint
         if from_checkpoint:
             args = given = [*given, "--trainer.logger", "false"]  # last: a --config file may set a logger
-        parser_kwargs = {"default_config_files": [str(DEFAULT_CONFIG), *extra_config_files]}
+        parser_kwargs = {"default_config_files": [str(DEFAULT_CONFIG), *extra_config_files], "prog": started_as()}
         parser_kwargs.update(kwargs.pop("parser_kwargs", {}))
         self.help_requested = "-h" in given or "--help" in given
         super().__init__(

@@ -70,5 +70,10 @@ def main(args: list[str] | None = None) -> dict[str, float]:
     return metrics
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `shards-evaluate` console script."""
     run_main(main)
+
+
+if __name__ == "__main__":
+    console()

@@ -77,5 +77,10 @@ def main(args: list[str] | None = None) -> int:
     return rows or 0
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `shards-predict` console script."""
     run_main(main)
+
+
+if __name__ == "__main__":
+    console()

@@ -144,5 +144,10 @@ def main(args: list[str] | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `shards-scaling` console script."""
     run_main(main)
+
+
+if __name__ == "__main__":
+    console()

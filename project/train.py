@@ -48,5 +48,10 @@ def main(args: list[str] | None = None) -> None:
     print_run_folder(trainer)
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `shards-train` console script."""
     run_main(main)
+
+
+if __name__ == "__main__":
+    console()

@@ -1,6 +1,6 @@
 """Search hyperparameters with Optuna; every trial is a normal training run.
 
-    python -m project.tune [train overrides...] --n-trials N [--search FILE] [--storage URL] [--study-name NAME]
+    python -m project.tune [train overrides...] --n_trials N [--search FILE] [--storage URL] [--study_name NAME]
 
 The train overrides are project.train's own (`--config FILE`, `--section.key VALUE`). Each trial adds the
 values the TPE sampler drew for the keys of the search space, fits without testing, and reports the
@@ -18,11 +18,11 @@ trial's configuration to logs/<study>/best.yaml, for `python -m project.train --
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Literal
 
 import optuna
 import sqlalchemy.exc
@@ -36,6 +36,7 @@ from rich.table import Table
 
 from project.callbacks.save_config import redacted_config
 from project.cli import ConfigOnlyCLI, ProjectCLI, print_train_help
+from project.commands import command_parser, parse_tool_arguments
 from project.data.redact import redact
 from project.errors import UserError, run_main
 from project.tune_common import (
@@ -52,37 +53,53 @@ from project.tune_common import (
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
-def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(tune options, train overrides): every argument tune does not know goes to the trials."""
-    parser = argparse.ArgumentParser(
-        prog="python -m project.tune",
-        description="Search hyperparameters with Optuna; every trial is a project.train run.",
-    )
-    parser.add_argument("--n-trials", type=int, required=True, help="finished trials the study should hold")
-    parser.add_argument("--search", type=Path, help="search space YAML (default: the task's, else default.yaml)")
-    parser.add_argument("--storage", help="Optuna storage url (default: sqlite:///<logs>/<study>/study.db)")
-    parser.add_argument("--study-name", help="default: <experiment>-tune")
-    parser.add_argument("--backend", choices=["optuna", "ray"], default="optuna", help="search backend (optuna)")
-    parser.add_argument("--scheduler", choices=["asha", "pbt", "fifo"], default="asha", help="ray: trial scheduler")
-    parser.add_argument("--address", help="ray: a running cluster (auto, or HOST:PORT); default: a local Ray")
-    parser.add_argument("--resources-per-trial", help="ray: cpu=N,gpu=N for each trial (cpu=1,gpu=0)")
-    if "-h" in args or "--help" in args:
-        print_train_help(parser.format_help())
-    options, overrides = parser.parse_known_args(args)
-    if options.backend == "optuna" and (options.address or options.resources_per_trial):
-        raise UserError("--address and --resources-per-trial are for --backend ray")
-    if options.backend == "ray" and options.storage:
+def options(
+    *,
+    n_trials: int,
+    search: Path | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    backend: Literal["optuna", "ray"] = "optuna",
+    scheduler: Literal["asha", "pbt", "fifo"] = "asha",
+    address: str | None = None,
+    resources_per_trial: str | None = None,
+) -> SimpleNamespace:
+    """Search hyperparameters with Optuna or Ray Tune; every trial is a project.train run.
+
+    Args:
+        n_trials: the finished trials the study should hold.
+        search: the search space YAML (default: the task's, else configs/tune/default.yaml).
+        storage: Optuna's storage url (default: sqlite:///<logs>/<study>/study.db).
+        study_name: the study's name (default: <experiment>-tune).
+        backend: the search backend.
+        scheduler: ray: the trial scheduler.
+        address: ray: a running cluster (auto, or HOST:PORT); default: a local Ray.
+        resources_per_trial: ray: cpu=N,gpu=N for each trial (default cpu=1,gpu=0).
+    """
+    if backend == "optuna" and (address or resources_per_trial):
+        raise UserError("--address and --resources_per_trial are for --backend ray")
+    if backend == "ray" and storage:
         raise UserError("--storage is Optuna's: with --backend ray the experiment lives in logs/<study>/ray")
-    if options.backend == "ray":
+    if backend == "ray":
         from project.tune_ray import parse_resources, require_ray
 
         require_ray()  # before the config is read
-        parse_resources(options.resources_per_trial)
-    if options.n_trials < 1:
-        raise UserError(f"--n-trials must be at least 1, got {options.n_trials}")
+        parse_resources(resources_per_trial)
+    if n_trials < 1:
+        raise UserError(f"--n_trials must be at least 1, got {n_trials}")
+    return SimpleNamespace(n_trials=n_trials, search=Path(search) if search else None, storage=storage,
+                           study_name=study_name, backend=backend, scheduler=scheduler, address=address,
+                           resources_per_trial=resources_per_trial)  # fmt: skip
+
+
+def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
+    """(tune options, train overrides): every argument tune does not know goes to the trials."""
+    if "-h" in args or "--help" in args:
+        print_train_help(command_parser(options, "project.tune", config=False).format_help())
+    given, overrides = parse_tool_arguments(options, "project.tune", args)
     if "--ckpt_path" in overrides or any(arg.startswith("--ckpt_path=") for arg in overrides):
         raise UserError("--ckpt_path: every trial trains from scratch; tune does not resume checkpoints")
-    return options, overrides
+    return options(**given), overrides
 
 
 def make_pruner(spec: dict[str, Any] | None) -> optuna.pruners.BasePruner:
@@ -202,7 +219,7 @@ def open_study(storage: str, name: str, search: dict, sampler: optuna.samplers.B
     if (metric or search["metric"], study.direction.name.lower()) != (search["metric"], search["direction"]):
         raise UserError(
             f"study {name} was started to {study.direction.name.lower()} {metric}, but the search space says "
-            f"{search['direction']} {search['metric']}: pick another --study-name"
+            f"{search['direction']} {search['metric']}: pick another --study_name"
         )
     return study
 
@@ -253,5 +270,10 @@ def main(args: list[str] | None = None) -> optuna.Study | None:
     return study
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `shards-tune` console script."""
     run_main(main)
+
+
+if __name__ == "__main__":
+    console()

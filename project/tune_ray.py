@@ -1,8 +1,8 @@
 """The Ray Tune backend of `project.tune`: ASHA, Population Based Training or FIFO over trials that run at the
 same time, on this machine or a Ray cluster.
 
-    python -m project.tune --backend ray [train overrides...] --n-trials N [--scheduler asha|pbt|fifo]
-        [--address auto|HOST:PORT] [--resources-per-trial cpu=1,gpu=0] [--search FILE] [--study-name NAME]
+    python -m project.tune --backend ray [train overrides...] --n_trials N [--scheduler asha|pbt|fifo]
+        [--address auto|HOST:PORT] [--resources_per_trial cpu=1,gpu=0] [--search FILE] [--study_name NAME]
 
 The search space file is the Optuna backend's: each distribution maps to Ray's (float: uniform, loguniform,
 quniform; int: randint, lograndint, qrandint; categorical: choice). Each trial is a normal training run in
@@ -64,9 +64,9 @@ def parse_resources(text: str | None) -> dict[str, float]:
         try:
             resources[name.strip()] = float(value)
         except ValueError:
-            raise UserError(f"--resources-per-trial: expected pairs such as cpu=1,gpu=0, got {part!r}") from None
+            raise UserError(f"--resources_per_trial: expected pairs such as cpu=1,gpu=0, got {part!r}") from None
         if name.strip() not in ("cpu", "gpu") or resources[name.strip()] < 0:
-            raise UserError(f"--resources-per-trial: {part!r}: only cpu and gpu, each 0 or more")
+            raise UserError(f"--resources_per_trial: {part!r}: only cpu and gpu, each 0 or more")
     return resources
 
 
@@ -174,7 +174,7 @@ def _run_trial(config: dict[str, Any], overrides: list[str], versioned: bool, fo
 
 
 def run(options: Any, overrides: list[str], config: Any, search: dict, folder: Path) -> Path | None:
-    """Run (or resume) the experiment to --n-trials trials; print the table; write best.yaml (its path)."""
+    """Run (or resume) the experiment to --n_trials trials; print the table; write best.yaml (its path)."""
     require_ray()
     import logging
 
@@ -192,7 +192,7 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
     if stored.is_file() and (previous := yaml.safe_load(stored.read_text())) != settings:
         changed = ", ".join(sorted(key for key in settings if previous.get(key) != settings[key]))
         raise UserError(f"experiment {folder.name} was started with other settings ({changed}): "
-                        "Ray cannot change them; pick another --study-name")  # fmt: skip
+                        "Ray cannot change them; pick another --study_name")  # fmt: skip
     function = tune.with_resources(
         tune.with_parameters(trainable, overrides=overrides, versioned=versioned_logger(config),
                              folder=str(folder.resolve()), metric=search["metric"], cwd=os.getcwd()),

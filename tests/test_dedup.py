@@ -279,9 +279,9 @@ def test_inspect_finds_the_planted_leaks_and_fails_ci(planted, tmp_path):
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--dedup", "fuzzy"], "invalid choice: 'fuzzy'"),
-        (["--dedup", "near", "--near-distance", "40"], "--near-distance must be in 0..16"),
-        (["--dedup", "near", "--near-jaccard", "0"], "--near-jaccard must be in (0, 1]"),
+        (["--dedup", "fuzzy"], "Got value: fuzzy"),
+        (["--dedup", "near", "--near-distance", "40"], "--near_distance must be in 0..16"),
+        (["--dedup", "near", "--near-jaccard", "0"], "--near_jaccard must be in (0, 1]"),
     ],
 )
 def test_bad_dedup_settings_are_one_line_errors(planted, tmp_path, arguments, message):

@@ -15,7 +15,7 @@ from webdataset import TarWriter
 
 from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.errors import UserError
-from project.export import main
+from project.export.run import main
 
 from .conftest import REPO, run_here
 

@@ -17,8 +17,8 @@ from optuna.trial import TrialState
 from project.bench.run import main as bench_main
 from project.bench.text import FIGURES, TEXT_RATIO_KEYS, summarize_text, text_table
 from project.errors import UserError
-from project.export import main as export_main
-from project.export_formats import Inputs
+from project.export.formats import Inputs
+from project.export.run import main as export_main
 from project.shards.prepare import prepare
 from project.tasks.text.demo import write_csv
 from project.tasks.text.model import TextClassifier

@@ -48,7 +48,7 @@ def test_without_ray_the_backend_is_one_line(monkeypatch):
     ("arguments", "message"),
     [
         (["--backend=ray", "--storage=sqlite:///x.db"], "--storage is Optuna's"),
-        (["--address=auto"], "--address and --resources-per-trial are for --backend ray"),
+        (["--address=auto"], "--address and --resources_per_trial are for --backend ray"),
         (["--backend=ray", "--resources-per-trial=cpu=one"], "expected pairs such as cpu=1,gpu=0"),
         (["--backend=ray", "--resources-per-trial=tpu=1"], "only cpu and gpu"),
     ],

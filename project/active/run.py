@@ -2,11 +2,11 @@
 help most, label them, append them, repeat; and compare strategies against random selection.
 
     python -m project.active --pool SPEC --labeled DIR --budget K --rounds R [--strategy S[,S...]]
-        [--initial N] [--seeds N] [--seed S] [--oracle simulated|human] [--warm-start] [--candidates M]
+        [--initial N] [--seeds N] [--seed S] [--oracle simulated|human] [--warm_start true] [--candidates M]
         [--run DIR] [train overrides...]
 
 Each (strategy, seed) runs its own loop from the same seed set. A round trains a model on the loop's
-labeled set (from scratch, or from the last round's weights with --warm-start), measures it on data.val
+labeled set (from scratch, or from the last round's weights with --warm_start true), measures it on data.val
 and data.test (never on the pool), scores the pool, selects K samples no loop round selected before, gets
 their labels, and appends them to the labeled set as a new shard. After R rounds the last model is
 measured too, so each loop gives R + 1 points of test accuracy against labeled-set size.
@@ -29,7 +29,6 @@ continues at the first step without a result. Train overrides (`--trainer.max_st
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import shutil
@@ -37,54 +36,78 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Literal
 
 from project.active import labeled as labeled_set
 from project.active.curves import claim_lines, compare, summarize, write_curves
 from project.active.loop import WAITING, ActiveLoop, Settings, get_labels
 from project.active.strategies import make_strategy, parse_strategies
 from project.cli import CONFIG_DIR, ConfigOnlyCLI, import_class, print_train_help
+from project.commands import Spellings, command_parser, parse_tool_arguments
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index
 from project.data.shards import SHARD_SUFFIXES, resolve_shards
-from project.errors import UserError
+from project.errors import UserError, run_main
 from project.tasks.labels import index_classes
 
 ACTIVE_CONFIG = CONFIG_DIR / "active" / "default.yaml"
+MODULE = "project.active"
 INITIAL_SHARD = "initial.tar"
 
 
-def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(active-learning options, train overrides)."""
-    parser = argparse.ArgumentParser(prog="python -m project.active", description=__doc__.split("\n")[0])
-    parser.add_argument("--pool", required=True, help="the unlabeled pool: anything a split takes")
-    parser.add_argument("--labeled", type=Path, required=True, help="the labeled set's folder (its seed set)")
-    parser.add_argument("--budget", type=int, required=True, help="samples selected per round")
-    parser.add_argument("--rounds", type=int, required=True, help="rounds of selection")
-    parser.add_argument("--strategy", default="entropy,random", help="comma-separated: random, entropy, margin, "
-                        "least-confidence, kcenter (default: entropy,random)")  # fmt: skip
-    parser.add_argument("--initial", type=int, help="seed set size when --labeled is empty (default: 1%% of the pool, "
-                        "at least one batch)")  # fmt: skip
-    parser.add_argument("--seeds", type=int, default=1, help="loops per strategy, seeds S, S+1, ... (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="the first seed (default 0)")
-    parser.add_argument("--oracle", choices=("simulated", "human"), default="simulated")
-    parser.add_argument("--warm-start", action="store_true", help="start each round from the last round's weights")
-    parser.add_argument("--candidates", type=int, help="kcenter: pool samples it compares (default 10 x budget)")
-    parser.add_argument("--run", type=Path, help="run folder (default: logs/<experiment>-active)")
-    if "-h" in args or "--help" in args:
-        print_train_help(parser.format_help())
-    options, overrides = parser.parse_known_args(args)
-    for name in ("budget", "seeds", "initial", "candidates"):
-        value = getattr(options, name)
+def options(
+    *,
+    pool: str,
+    labeled: Path,
+    budget: int,
+    rounds: int,
+    strategy: str = "entropy,random",
+    initial: int | None = None,
+    seeds: int = 1,
+    seed: int = 0,
+    oracle: Literal["simulated", "human"] = "simulated",
+    warm_start: bool = False,
+    candidates: int | None = None,
+    run: Path | None = None,
+) -> SimpleNamespace:
+    """Active learning over an unlabeled shard pool, compared with random selection.
+
+    Args:
+        pool: the unlabeled pool: anything a split takes.
+        labeled: the labeled set's folder (its seed set).
+        budget: samples selected per round.
+        rounds: rounds of selection.
+        strategy: comma-separated: random, entropy, margin, least-confidence, kcenter.
+        initial: the seed set's size when the labeled folder is empty (default: 1% of the pool, at least a batch).
+        seeds: loops per strategy, with seeds S, S+1, ...
+        seed: the first seed.
+        oracle: simulated (the pool's own labels) or human (a CSV to fill in).
+        warm_start: start each round from the last round's weights.
+        candidates: kcenter: the pool samples it compares (default: 10 x budget).
+        run: the run folder (default: logs/<experiment>-active).
+    """
+    for name, value in (("budget", budget), ("seeds", seeds), ("initial", initial), ("candidates", candidates)):
         if value is not None and value < 1:
             raise UserError(f"--{name} must be at least 1, got {value}")
-    if options.rounds < 0:
-        raise UserError(f"--rounds must be 0 or more, got {options.rounds}")
+    if rounds < 0:
+        raise UserError(f"--rounds must be 0 or more, got {rounds}")
+    return SimpleNamespace(pool=pool, labeled=Path(labeled), budget=budget, rounds=rounds, strategy=strategy,
+                           initial=initial, seeds=seeds, seed=seed, oracle=oracle, warm_start=warm_start,
+                           candidates=candidates, run=Path(run) if run else None)  # fmt: skip
+
+
+def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
+    """(active-learning options, train overrides)."""
+    if "-h" in args or "--help" in args:
+        print_train_help(command_parser(options, MODULE, config=False).format_help())
+    given, overrides = parse_tool_arguments(options, MODULE, args, Spellings(switches=("--warm_start",)))
     for flag, why in (("--ckpt_path", "every round trains its own model"), ("--data.train", "the labeled set is")):
         if any(arg == flag or arg.startswith(f"{flag}=") for arg in overrides):
             raise UserError(f"{flag} cannot be set for active learning: {why} the training split")
-    return options, overrides
+    return options(**given), overrides
 
 
-def settings_from(options: argparse.Namespace, overrides: list[str]) -> tuple[Settings, Path, frozenset[str], int]:
+def settings_from(options: SimpleNamespace, overrides: list[str]) -> tuple[Settings, Path, frozenset[str], int]:
     """The loops' shared settings, the run folder, the task's label members and the seed set size, checked
     before any training."""
     overrides = ["--config", str(ACTIVE_CONFIG), *overrides]
@@ -164,7 +187,7 @@ def main(args: list[str] | None = None) -> list[dict]:
         return loops(options, overrides)
 
 
-def loops(options: argparse.Namespace, overrides: list[str]) -> list[dict]:
+def loops(options: SimpleNamespace, overrides: list[str]) -> list[dict]:
     """Every (strategy, seed) loop, then the report."""
     strategies = parse_strategies(options.strategy)
     settings, run, label_members, initial = settings_from(options, overrides)
@@ -218,3 +241,8 @@ def write_tensorboard(rows: list[dict], folder: Path) -> None:
             loop = sorted((r for r in rows if (r["strategy"], r["seed"]) == (strategy, seed)), key=lambda r: r["round"])
             for row in loop:
                 writer.add_scalar("active/test_acc", row["acc"], global_step=row["labeled"])
+
+
+def console() -> None:
+    """The `shards-active` console script."""
+    run_main(main)

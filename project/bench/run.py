@@ -64,7 +64,7 @@ from project.cli import DEFAULT_CONFIG
 from project.data.samples import read_samples
 from project.data.shards import resolve_shards
 from project.data.workers import warm_forkserver
-from project.errors import UserError
+from project.errors import UserError, run_main
 from project.tasks import WORKER_MODULES
 from project.tasks.image.data import DEMO_ROOT, ensure_demo
 from project.tasks.text.data import DEMO_ROOT as TEXT_DEMO_ROOT
@@ -191,3 +191,8 @@ def text_main(args: argparse.Namespace) -> dict:
     if args.json:
         print(json.dumps(result))
     return result
+
+
+def console() -> None:
+    """The `shards-bench` console script."""
+    run_main(main)

@@ -44,9 +44,9 @@ def check_dedup(mode: str, near_distance: int, near_jaccard: float) -> None:
     if mode not in MODES:
         raise UserError(f"--dedup must be one of {', '.join(MODES)}, not {mode!r}")
     if not 0 <= near_distance <= MAX_NEAR_DISTANCE:
-        raise UserError(f"--near-distance must be in 0..{MAX_NEAR_DISTANCE} bits (of 64), not {near_distance}")
+        raise UserError(f"--near_distance must be in 0..{MAX_NEAR_DISTANCE} bits (of 64), not {near_distance}")
     if not 0 < near_jaccard <= 1:
-        raise UserError(f"--near-jaccard must be in (0, 1], not {near_jaccard}")
+        raise UserError(f"--near_jaccard must be in (0, 1], not {near_jaccard}")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Write a shard index for existing shards, made by any tool, and verify them.
 
-    python -m project.data.index PATTERN|DIR|PART_INDEX.json... --out FILE
+    python -m project.shards.index PATTERN|DIR|PART_INDEX.json... --out FILE [--verify_images false]
+
+(`python -m project.data.index`, and `shards-index`, are the same command.)
 
 Accepts webdataset TarWriter/ShardWriter output, GNU tar of a folder of key.ext files, and gzip-compressed
 tars (.tar.gz, .tgz). Each shard is read through: samples are counted, labels collected (so num_classes
@@ -11,16 +13,16 @@ Part indexes written by `prepare --part I/N` are merged without a re-scan.
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from project.commands import Spellings, run_command
 from project.data.samples import REFUSED, read_samples
 from project.data.shard_index import Shard, ShardIndex, read_index, write_index
 from project.data.shards import SHARD_SUFFIXES, resolve_shards
-from project.errors import ShardError, UserError
+from project.errors import ShardError, UserError, run_main
 from project.shards.records import labels_to_classes
 from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, index_classes, label_text, open_image
 
@@ -112,16 +114,32 @@ def build_index(inputs: list[str], out: str | Path, verify_images: bool = True) 
     return index, problems
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m project.data.index", description=__doc__.split("\n")[0])
-    parser.add_argument("inputs", nargs="+", help="shard folders, files, globs, brace patterns or part indexes")
-    parser.add_argument("--out", required=True, help="the shard index to write (usually DIR/shardindex.json)")
-    parser.add_argument("--no-verify-images", action="store_true", help="skip decoding checks (faster)")
-    args = parser.parse_args(argv)
-    index, problems = build_index(args.inputs, args.out, not args.no_verify_images)
+def command(inputs: list[str], *, out: str, verify_images: bool = True) -> None:
+    """Write a shard index for existing shards, made by any tool, and verify them.
+
+    Args:
+        inputs: shard folders, files, globs, brace patterns or part indexes.
+        out: the shard index to write (usually DIR/shardindex.json).
+        verify_images: check that every image decodes (false: faster).
+    """
+    index, problems = build_index(inputs, out, verify_images)
     classes = f"{len(index_classes(index))} classes" if index_classes(index) else "no labels found"
-    print(f"wrote {args.out}: {len(index.shards)} shards, {index.nsamples} samples, {classes}")
+    print(f"wrote {out}: {len(index.shards)} shards, {index.nsamples} samples, {classes}")
     if problems:
         print(f"{len(problems)} problem(s) found; training skips these samples and counts them:")
         for problem in problems:
             print(f"  {problem}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    spellings = Spellings(renamed={"--no-verify-images": "--verify_images=false"}, positional_list=True)
+    run_command(command, "project.shards.index", argv, spellings)
+
+
+def console() -> None:
+    """The `shards-index` console script."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    console()

@@ -1,20 +1,22 @@
 """Summarize shards and draw a contact sheet of their samples.
 
-    python -m project.data.inspect DIR [--sheet FILE.png] [--samples N]
-    python -m project.data.inspect DIR --leakage [--fail-on-leakage] [--near-distance BITS] [--near-jaccard J]
+    python -m project.shards.inspect DIR [--sheet FILE.png] [--samples N]
+    python -m project.shards.inspect DIR --leakage true [--fail_on_leakage true] [--near_distance BITS]
+        [--near_jaccard J]
+
+(`python -m project.data.inspect`, and `shards-inspect`, are the same command.)
 
 DIR is a dataset root (with train/, val/, test/) or one split's folder, index, glob or pattern. Prints
 shards, samples, bytes, per-class counts and the image sizes and modes seen, per split, and writes a PNG
 grid of the first samples with their labels. For text shards (.txt and .cls) it prints the text lengths
 and the first texts with their labels instead.
 
---leakage checks instead how many val and test samples duplicate train samples, exact and near copies
-(project/shards/leakage.py); with --fail-on-leakage it exits with code 1 when any do.
+`--leakage true` checks instead how many val and test samples duplicate train samples, exact and near copies
+(project/shards/leakage.py); with `--fail_on_leakage true` it exits with code 1 when any do.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -25,10 +27,12 @@ from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 
+from project.commands import Spellings, run_command
 from project.data.atomic import replace_atomically
 from project.data.samples import REFUSED, read_samples
 from project.data.shard_index import INDEX_NAME, ShardIndex
 from project.data.shards import resolve_shards
+from project.errors import run_main
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, index_classes, open_image
@@ -102,62 +106,91 @@ def contact_sheet(tiles: list[tuple[Image.Image, str]], path: Path) -> None:
     sheet.save(path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m project.data.inspect", description=__doc__.split("\n")[0])
-    parser.add_argument("data", help="dataset root (train/, val/, test/) or one split's shards")
-    parser.add_argument("--sheet", default=None, help="contact sheet PNG (default: DIR/contact_sheet.png)")
-    parser.add_argument("--samples", type=int, default=64, help="samples on the contact sheet (64)")
-    parser.add_argument("--leakage", action="store_true", help="count val/test samples that duplicate train ones")
-    parser.add_argument("--fail-on-leakage", action="store_true", help="with --leakage: exit 1 if any sample leaks")
-    parser.add_argument("--near-distance", type=int, default=DEFAULT_NEAR_DISTANCE,
-                        help=f"images: most differing pHash bits of a near copy ({DEFAULT_NEAR_DISTANCE})")  # fmt: skip
-    parser.add_argument("--near-jaccard", type=float, default=DEFAULT_NEAR_JACCARD,
-                        help=f"text: least Jaccard similarity of a near copy ({DEFAULT_NEAR_JACCARD})")  # fmt: skip
-    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="processes (--leakage)")
-    args = parser.parse_args(argv)
+def command(
+    data: str,
+    *,
+    sheet: str | None = None,
+    samples: int = 64,
+    leakage: bool = False,
+    fail_on_leakage: bool = False,
+    near_distance: int = DEFAULT_NEAR_DISTANCE,
+    near_jaccard: float = DEFAULT_NEAR_JACCARD,
+    workers: int = min(4, os.cpu_count() or 1),
+) -> None:
+    """Summarize shards and draw a contact sheet of their samples, or count val/test samples that copy train ones.
+
+    Args:
+        data: a dataset root (train/, val/, test/) or one split's folder, index, glob or pattern.
+        sheet: the contact sheet's PNG (default: DATA/contact_sheet.png).
+        samples: samples on the contact sheet.
+        leakage: count the val and test samples that duplicate train samples (exact and near copies).
+        fail_on_leakage: with leakage: exit 1 when any sample leaks.
+        near_distance: images: the most differing pHash bits of a near copy.
+        near_jaccard: texts: the least Jaccard similarity of a near copy.
+        workers: processes (leakage).
+    """
     console = Console()
-    if args.leakage or args.fail_on_leakage:
-        leakage(args, console)
+    if leakage or fail_on_leakage:
+        check_leakage(data, near_distance, near_jaccard, workers, fail_on_leakage, console)
         return
     first_tiles: list = []
-    for split, index in splits_of(args.data).items():
-        summary, tiles = summarize(index, args.samples if not first_tiles else 0)
+    for split, index in splits_of(data).items():
+        summary, tiles = summarize(index, samples if not first_tiles else 0)
         first_tiles = first_tiles or tiles
-        table = Table(title=f"{split}: {summary['shards']} shards, {summary['samples']} samples, "
-                            f"{summary['bytes'] / 1e6:.1f} MB")  # fmt: skip
-        table.add_column("class")
-        table.add_column("samples", justify="right")
-        for name, count in sorted(summary["classes"].items()):
-            table.add_row(name, str(count))
-        console.print(table)
-        if summary["sizes"]:
-            seen = ", ".join(f"{w}x{h} ({n})" for (w, h), n in summary["sizes"].most_common(5))
-            console.print(f"image sizes: {seen}; modes: {dict(summary['modes'])}")
-        if summary["unreadable"]:
-            console.print(f"unreadable images: {len(summary['unreadable'])} (training skips them); the first: "
-                          f"{summary['unreadable'][0]}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
-        if lengths := sorted(summary["lengths"]):
-            console.print(f"text lengths in characters: median {lengths[len(lengths) // 2]}, 95th percentile "
-                          f"{lengths[int(0.95 * (len(lengths) - 1))]}, longest {lengths[-1]}")  # fmt: skip
-            for text, name in summary["texts"]:
-                console.print(f"  [{name}] {text[:80]!r}", markup=False, highlight=False, soft_wrap=True)
+        print_summary(console, split, summary)
     if first_tiles:
-        folder = Path(args.data) if Path(args.data).is_dir() else Path(".")
-        sheet = Path(args.sheet) if args.sheet else folder / "contact_sheet.png"
-        replace_atomically(sheet, lambda temporary: contact_sheet(first_tiles, temporary))
-        console.print(f"contact sheet: {sheet}")
+        folder = Path(data) if Path(data).is_dir() else Path(".")
+        path = Path(sheet) if sheet else folder / "contact_sheet.png"
+        replace_atomically(path, lambda temporary: contact_sheet(first_tiles, temporary))
+        console.print(f"contact sheet: {path}")
 
 
-def leakage(args: argparse.Namespace, console: Console) -> None:
+def print_summary(console: Console, split: str, summary: dict) -> None:
+    table = Table(title=f"{split}: {summary['shards']} shards, {summary['samples']} samples, "
+                        f"{summary['bytes'] / 1e6:.1f} MB")  # fmt: skip
+    table.add_column("class")
+    table.add_column("samples", justify="right")
+    for name, count in sorted(summary["classes"].items()):
+        table.add_row(name, str(count))
+    console.print(table)
+    if summary["sizes"]:
+        seen = ", ".join(f"{w}x{h} ({n})" for (w, h), n in summary["sizes"].most_common(5))
+        console.print(f"image sizes: {seen}; modes: {dict(summary['modes'])}")
+    if summary["unreadable"]:
+        console.print(f"unreadable images: {len(summary['unreadable'])} (training skips them); the first: "
+                      f"{summary['unreadable'][0]}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+    if lengths := sorted(summary["lengths"]):
+        console.print(f"text lengths in characters: median {lengths[len(lengths) // 2]}, 95th percentile "
+                      f"{lengths[int(0.95 * (len(lengths) - 1))]}, longest {lengths[-1]}")  # fmt: skip
+        for text, name in summary["texts"]:
+            console.print(f"  [{name}] {text[:80]!r}", markup=False, highlight=False, soft_wrap=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_command(command, "project.shards.inspect", argv, Spellings(switches=("--leakage", "--fail_on_leakage")))
+
+
+def check_leakage(
+    data: str, near_distance: int, near_jaccard: float, workers: int, fail: bool, console: Console
+) -> None:
     from project.shards.leakage import check
 
-    check_dedup("near", args.near_distance, args.near_jaccard)
-    found = check(splits_of(args.data), args.near_distance, args.near_jaccard, max(1, args.workers))
+    check_dedup("near", near_distance, near_jaccard)
+    found = check(splits_of(data), near_distance, near_jaccard, max(1, workers))
     for leaks in found:
         console.print(leaks.line(), markup=False, highlight=False)
         for example in leaks.examples:
             console.print(example, markup=False, highlight=False, soft_wrap=True)
     total = sum(leaks.total for leaks in found)
-    if total and args.fail_on_leakage:
+    if total and fail:
         print(f"leakage: {total} val/test samples duplicate train samples", file=sys.stderr)
         raise SystemExit(1)
+
+
+def console() -> None:
+    """The `shards-inspect` console script."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    console()

@@ -1,6 +1,7 @@
 """Train/test leakage in finished shards: how many val and test samples duplicate a train sample.
 
-    python -m project.data.inspect DIR --leakage [--fail-on-leakage] [--near-distance BITS] [--near-jaccard J]
+    python -m project.shards.inspect DIR --leakage true [--fail_on_leakage true] [--near_distance BITS]
+        [--near_jaccard J]
 
 For shards made by any tool, as long as each split has a shard index (DIR/train, DIR/val and/or DIR/test).
 Every sample is hashed as `prepare --dedup near` hashes it (project/shards/dedup.py), in worker processes, a

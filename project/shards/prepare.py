@@ -1,9 +1,11 @@
 """Turn an image or text collection into train/val/test WebDataset shards, each split with a shard index.
 
-    python -m project.data.prepare SOURCE --out DIR [--val-fraction F] [--test-fraction F]
-        [--samples-per-shard N] [--shard-size BYTES] [--workers N] [--seed S] [--part I/N]
-        [--resize S] [--format jpg|png|webp] [--download] [--text] [--text-column C] [--label-column C]
-        [--dedup exact|near|off] [--near-distance BITS] [--near-jaccard J]
+    python -m project.shards.prepare SOURCE --out DIR [--val_fraction F] [--test_fraction F]
+        [--samples_per_shard N] [--shard_size BYTES] [--workers N] [--seed S] [--part I/N]
+        [--resize S] [--format jpg|png|webp] [--download true] [--text true] [--text_column C]
+        [--label_column C] [--dedup exact|near|off] [--near_distance BITS] [--near_jaccard J] [--config FILE]
+
+(`python -m project.data.prepare`, and `shards-prepare`, are the same command.)
 
 SOURCE: an ImageFolder tree (SOURCE/<class>/<image>), a CSV or JSONL listing (path, label), a torchvision
 dataset (torchvision:CIFAR10), or existing tar shards (a folder, index, glob or brace pattern).
@@ -12,7 +14,7 @@ Text classification: a CSV or JSONL listing with a text and a label column (--te
 a `key` or `id` column names the samples), a folder tree SOURCE/<class>/.../<name>.txt, or tar shards with
 `.txt` and `.cls` members. Text is told from images by the content (a listing with the text column and no
 `path` column, class folders of .txt files and no images, shards with .txt and no image members), or forced
-with --text. Each sample is written as `<key>.txt` (UTF-8) and `<key>.cls` (the integer label); rows that are
+with --text true. Each sample is written as `<key>.txt` (UTF-8) and `<key>.cls` (the integer label); rows that are
 not valid UTF-8, or have an empty text or label, are skipped, each with a line on stderr, and counted.
 
 The split is stratified and deterministic for a seed; keys come from the source paths, so they are
@@ -20,7 +22,7 @@ unique and stable. Samples are shuffled before sharding (a shard then mixes clas
 encoded bytes are kept unless --resize or --format ask otherwise. Each shard is written under a
 temporary name and renamed when complete: an interrupted run, started again with the same arguments,
 keeps its finished shards and redoes the rest. `--part I/N` writes every N-th shard (from the I-th) and
-a part index, for cluster job arrays; `python -m project.data.index` then merges the parts' indexes.
+a part index, for cluster job arrays; `python -m project.shards.index` then merges the parts' indexes.
 
 --dedup (exact by default; near also finds re-encoded, resized or cropped images and texts that differ in
 case, spacing or a few characters) keeps one copy of each duplicate, and no val or test sample with a copy in
@@ -29,19 +31,20 @@ train; OUT/duplicates.csv and .png (.txt for text) show them. Rules: project/sha
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Any, Literal
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from project.commands import Spellings, run_command
 from project.data.atomic import write_json_atomically
 from project.data.samples import count_samples
 from project.data.shard_index import INDEX_NAME, Shard, write_index
-from project.errors import UserError
-from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, MODES, require_near_text
+from project.errors import UserError, run_main
+from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, require_near_text
 from project.shards.duplicates import check_dedup, deduplicate, hash_records, report
 from project.shards.jobs import ShardJob, write_shard
 from project.shards.parallel import Pool
@@ -97,22 +100,47 @@ def prepare(
     shard_size: int | None = None,
     workers: int = 1,
     seed: int = 0,
-    part: tuple[int, int] = (0, 1),
+    part: tuple[int, int] | str = (0, 1),
     resize: int | None = None,
-    format: str | None = None,  # noqa: A002
+    format: Literal["jpg", "png", "webp"] | None = None,  # noqa: A002
     download: bool = False,
     quiet: bool = False,
     torchvision_root: str = "data/torchvision",
     text: bool = False,
     text_column: str = "text",
     label_column: str = "label",
-    dedup: str = "exact",
+    dedup: Literal["exact", "near", "off"] = "exact",
     near_distance: int = DEFAULT_NEAR_DISTANCE,
     near_jaccard: float = DEFAULT_NEAR_JACCARD,
 ) -> Prepared:
     """Write the shards of `source` into OUT/{train,val,test}; returns the shards this part wrote, by split
-    (a dict), with `.bad_rows` (and `.skipped`, a line about each) for the rows of a text source skipped.
-    `text` forces a text source; otherwise `is_text` tells by the content. `dedup`: see the module's docstring."""
+    (a dict), with `.bad_rows` (and `.skipped`, a line about each) for the rows or images skipped.
+
+    Args:
+        source: an image or text folder (SOURCE/<class>/...), a .csv/.jsonl listing, tar shards, or
+            torchvision:NAME.
+        out: the output folder: train/, val/ and test/ go here.
+        val_fraction: the share of each class for val.
+        test_fraction: the share of each class for test.
+        samples_per_shard: samples per shard.
+        shard_size: bytes per shard, at most (no limit by default).
+        workers: processes that hash and write.
+        seed: seed of the split and the shuffle.
+        part: write part I of N ("I/N", for a job array).
+        resize: re-encode images with the shorter side this size.
+        format: re-encode images as this.
+        download: download a torchvision dataset.
+        quiet: no progress bars or lines about skipped rows.
+        torchvision_root: torchvision datasets' root.
+        text: the source holds texts (by default, told by its content).
+        text_column: a text listing's column of texts.
+        label_column: a text listing's column of labels.
+        dedup: remove exact copies (exact), also near copies (near: re-encoded, resized or cropped images,
+            texts differing in case, spacing or a few characters), or none (off).
+        near_distance: images: the most differing pHash bits (of 64) of a near copy.
+        near_jaccard: texts: the least Jaccard similarity of a near copy.
+    """
+    part = _part(part) if isinstance(part, str) else part
     check_dedup(dedup, near_distance, near_jaccard)
     if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
         raise UserError("--val-fraction and --test-fraction must be in [0, 1) and add up to less than 1")
@@ -209,54 +237,33 @@ def _part(text: str) -> tuple[int, int]:
     try:
         index, count = (int(v) for v in text.split("/"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected I/N such as 0/8, got {text!r}") from None
+        raise UserError(f"--part: expected I/N such as 0/8, got {text!r}") from None
     return index, count
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m project.data.prepare", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "source", help="image or text folder (SOURCE/<class>/...), .csv/.jsonl listing, tar shards, or torchvision:NAME"
-    )
-    parser.add_argument("--out", required=True, help="output folder: train/, val/ and test/ go here")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="share of each class for val (0.1)")
-    parser.add_argument("--test-fraction", type=float, default=0.1, help="share of each class for test (0.1)")
-    parser.add_argument("--samples-per-shard", type=int, default=1000, help="samples per shard (1000)")
-    parser.add_argument("--shard-size", type=int, default=None, help="bytes per shard, at most (no limit)")
-    parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1), help="processes")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the split and the shuffle (0)")
-    parser.add_argument("--part", type=_part, default=(0, 1), help="write part I of N (a job array)")
-    parser.add_argument("--resize", type=int, default=None, help="re-encode images with the shorter side this size")
-    parser.add_argument("--format", choices=["jpg", "png", "webp"], default=None, help="re-encode images as this")
-    parser.add_argument("--download", action="store_true", help="download a torchvision dataset")
-    parser.add_argument("--torchvision-root", default="data/torchvision", help="torchvision datasets' root")
-    parser.add_argument("--text", action="store_true", help="the source holds texts (default: tell by its content)")
-    parser.add_argument("--text-column", default="text", help="a text listing's column of texts (text)")
-    parser.add_argument("--label-column", default="label", help="a text listing's column of labels (label)")
-    parser.add_argument(
-        "--dedup",
-        choices=MODES,
-        default="exact",
-        help="remove exact copies (exact), also near copies (near), or none (off); default exact",
-    )
-    parser.add_argument(
-        "--near-distance",
-        type=int,
-        default=DEFAULT_NEAR_DISTANCE,
-        help=f"images: most differing bits of 64 for a near copy ({DEFAULT_NEAR_DISTANCE})",
-    )
-    parser.add_argument(
-        "--near-jaccard",
-        type=float,
-        default=DEFAULT_NEAR_JACCARD,
-        help=f"text: least Jaccard similarity for a near copy ({DEFAULT_NEAR_JACCARD})",
-    )
-    args = parser.parse_args(argv)
-    result = prepare(args.source, args.out, args.val_fraction, args.test_fraction, args.samples_per_shard,
-                     args.shard_size, args.workers, args.seed, args.part, args.resize, args.format,
-                     args.download, torchvision_root=args.torchvision_root, text=args.text,
-                     text_column=args.text_column, label_column=args.label_column, dedup=args.dedup,
-                     near_distance=args.near_distance, near_jaccard=args.near_jaccard)  # fmt: skip
+def command(source: str, *, out: str, workers: int = min(4, os.cpu_count() or 1), **kwargs: Any) -> None:
+    """Turn an image or text collection into train/val/test WebDataset shards, each split with a shard index.
+
+    Args:
+        source: an image or text folder (SOURCE/<class>/...), a .csv/.jsonl listing, tar shards, or
+            torchvision:NAME.
+        out: the output folder: train/, val/ and test/ go here.
+        workers: processes that hash and write.
+    """
+    result = prepare(source, out, workers=workers, **kwargs)
     for line in result.dedup_lines:
         print(line)
-    print(summary(args.out, result))
+    print(summary(out, result))
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_command(command, "project.shards.prepare", argv, Spellings(switches=("--download", "--text")))
+
+
+def console() -> None:
+    """The `shards-prepare` console script."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    console()

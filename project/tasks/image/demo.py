@@ -12,20 +12,21 @@ a million samples never sit in memory.
 
 from __future__ import annotations
 
-import argparse
 import io
 import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from project.commands import run_command
 from project.data.shard_index import INDEX_NAME, Shard, write_index
-from project.errors import UserError
+from project.errors import UserError, run_main
 from project.shards.parallel import imap_unordered
 
 CLASSES = ["circle", "ring", "triangle", "square", "hexagon", "star", "cross", "crescent", "bar", "arrow"]
@@ -161,7 +162,19 @@ def make_demo(
     workers: int | None = None,
     quiet: bool = False,
 ) -> Path:
-    """Write the demo task into OUT/{train,val,test}, each with shards and a shard index."""
+    """Write the demo task into OUT/{train,val,test}, each with shards and a shard index.
+
+    Args:
+        out: the folder to write train/, val/ and test/ into.
+        train: training samples.
+        val: validation samples.
+        test: test samples.
+        image_size: the images' side in pixels.
+        samples_per_shard: samples per shard.
+        seed: the same seed writes the same bytes.
+        workers: processes (default: up to 4).
+        quiet: no progress bar.
+    """
     sizes = {"train": train, "val": val, "test": test}
     if min(sizes.values()) < 1 or image_size < 8 or samples_per_shard < 1:
         raise UserError("demo needs at least 1 sample per split, --image-size >= 8 and --samples-per-shard >= 1")
@@ -202,17 +215,24 @@ def demo_is_complete(root: str | Path) -> bool:
     return all((Path(root) / split / INDEX_NAME).exists() for split in SPLITS)
 
 
+def command(*, out: str, **kwargs: Any) -> None:
+    """Write the image demo: shapes to classify, in train/val/test shards with their indexes.
+
+    Args:
+        out: the folder to write train/, val/ and test/ into.
+    """
+    folder = make_demo(out, **kwargs)
+    print(f"wrote the demo task ({len(CLASSES)} classes) to {folder}/{{train,val,test}}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m project.data.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="folder to write train/, val/ and test/ into")
-    parser.add_argument("--train", type=int, default=20000, help="training samples (default 20000)")
-    parser.add_argument("--val", type=int, default=2000, help="validation samples (default 2000)")
-    parser.add_argument("--test", type=int, default=2000, help="test samples (default 2000)")
-    parser.add_argument("--image-size", type=int, default=32, help="image side in pixels (default 32)")
-    parser.add_argument("--samples-per-shard", type=int, default=1000, help="samples per shard (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed: the same seed writes the same bytes")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: up to 4)")
-    args = parser.parse_args(argv)
-    out = make_demo(args.out, args.train, args.val, args.test, args.image_size, args.samples_per_shard,
-                    args.seed, args.workers)  # fmt: skip
-    print(f"wrote the demo task ({len(CLASSES)} classes) to {out}/{{train,val,test}}")
+    run_command(command, "project.tasks.image.demo", argv)
+
+
+def console() -> None:
+    """The `shards-demo` console script."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    console()

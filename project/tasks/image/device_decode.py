@@ -27,7 +27,7 @@ from project.data.batch import Skipped
 from project.errors import DecodeError
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch
 from project.tasks.image.decode import MAX_IMAGE_PIXELS, decode_image
-from project.tasks.image.transforms import to_uint8_tensor
+from project.tasks.image.transforms import Preset, to_uint8_tensor, training_transform
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; decode_jpeg still works
 warnings.filterwarnings("ignore", message=".*image decoding and encoding capabilities of TorchVision.*")
@@ -42,9 +42,9 @@ class DeviceDecoder:
         image_size: side of the square images the model sees.
     """
 
-    def __init__(self, train: v2.Compose, image_size: int, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:
+    def __init__(self, train: Preset | v2.Compose, image_size: int, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:
         self.image_size, self.max_pixels = image_size, max_pixels
-        train_steps = list(train.transforms)
+        train_steps = list(training_transform(train, image_size).transforms)
         crop = next((s for s in train_steps if isinstance(s, v2.RandomResizedCrop)), None)
         flip = next((s for s in train_steps if isinstance(s, v2.RandomHorizontalFlip)), None)
         self.crop_scale, self.crop_ratio = (list(crop.scale), list(crop.ratio)) if crop else (None, None)

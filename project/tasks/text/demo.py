@@ -12,13 +12,16 @@ sees order (see benchmarks/README.md for both).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from project.commands import run_command
+from project.errors import UserError, run_main
 
 TOPICS = {
     "food": ["pasta", "soup", "dessert", "menu", "waiter", "kitchen", "bread", "dinner"],
@@ -84,7 +87,18 @@ def demo_is_complete(root: Path) -> bool:
 def make_demo(
     root: Path, samples: int = 24_000, seed: int = 0, vocab_size: int = 1000, quiet: bool = True, join: int = 1
 ) -> None:
-    """Write the CSV, prepare it into root/{train,val,test} (80/10/10) and train the tokenizer."""
+    """Write the CSV, prepare it into root/{train,val,test} (80/10/10) and train the tokenizer.
+
+    Args:
+        root: the output folder.
+        samples: reviews in all splits (at least 30).
+        seed: seed of the reviews and the split.
+        vocab_size: the tokenizer's vocabulary.
+        quiet: no progress bars.
+        join: reviews a text (8 makes texts of about 200 tokens).
+    """
+    if samples < 30 or join < 1:
+        raise UserError(f"the text demo needs at least 30 samples and join at least 1, got {samples} and {join}")
     from project.shards.prepare import prepare
     from project.tasks.text.tokenizer import train_tokenizer
 
@@ -99,19 +113,25 @@ def make_demo(
     building.rename(root)  # whole or not at all: an interrupted build is redone
 
 
+def command(*, out: str = "data/text-demo", quiet: bool = False, **kwargs: Any) -> None:
+    """Write the offline text demo: product reviews in 4 classes as text shards, with their tokenizer.
+
+    Args:
+        out: the output folder.
+        quiet: no progress bars.
+    """
+    make_demo(Path(out), quiet=quiet, **kwargs)
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m project.tasks.text.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="data/text-demo", help="output folder (data/text-demo)")
-    parser.add_argument("--samples", type=int, default=24_000, help="reviews in all splits (24000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the reviews and the split (0)")
-    parser.add_argument("--vocab-size", type=int, default=1000, help="the tokenizer's vocabulary (1000)")
-    parser.add_argument("--join", type=int, default=1, help="reviews a text (1); 8 makes ~200-token texts")
-    args = parser.parse_args(argv)
-    if args.samples < 30 or args.join < 1:
-        parser.error("--samples must be at least 30 and --join at least 1")
-    make_demo(Path(args.out), args.samples, args.seed, args.vocab_size, quiet=False, join=args.join)
-    print(f"wrote {args.out}", file=sys.stderr)
+    run_command(command, "project.tasks.text.demo", argv)
+
+
+def console() -> None:
+    """The `shards-text-demo` console script."""
+    run_main(main)
 
 
 if __name__ == "__main__":
-    main()
+    console()

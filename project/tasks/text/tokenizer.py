@@ -1,6 +1,8 @@
 """Train a byte-level BPE tokenizer on a text dataset's training split and record it in the split's index.
 
-    python -m project.data.tokenizer DIR [--vocab-size 8000] [--max-chars N] [--seed S]
+    python -m project.tasks.text.tokenizer DIR [--vocab_size 8000] [--max_chars N] [--seed S]
+
+(`python -m project.data.tokenizer`, and `shards-tokenizer`, are the same command.)
 
 DIR: a prepared dataset (DIR/train/shardindex.json), its train/ folder, or the training shard index. Only the
 training split is read (never val or test, so no evaluation text leaks into the vocabulary), only its `.txt`
@@ -11,7 +13,6 @@ check that it tokenizes with the tokenizer its data was meant for (`check_tokeni
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import contextlib
 import hashlib
@@ -20,14 +21,16 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from project.commands import run_command
 from project.data.atomic import write_atomically
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index, write_index
-from project.errors import UserError
+from project.errors import UserError, run_main
 
 # the DataLoader's workers encode with the tokenizer: a Rust thread pool started before they fork would
 # make tokenizers disable itself with a warning in every worker, so encoding stays single-threaded
@@ -41,7 +44,7 @@ FILE_NAME = "tokenizer.json"
 MIN_VOCAB = 256 + len(SPECIALS)  # every byte, and the special tokens
 TEXT = "txt"
 STATS_TEXTS = 10_000  # texts the report's ratios are measured on, at most
-COMMAND = "python -m project.data.tokenizer"
+COMMAND = "python -m project.tasks.text.tokenizer"
 
 
 @dataclass(frozen=True)
@@ -148,9 +151,9 @@ def training_index(data: str | Path) -> Path:
 
 def _check_arguments(vocab_size: int, max_chars: int) -> None:
     if vocab_size < MIN_VOCAB:
-        raise UserError(f"--vocab-size {vocab_size} is too small: byte-level BPE needs at least {MIN_VOCAB}")
+        raise UserError(f"--vocab_size {vocab_size} is too small: byte-level BPE needs at least {MIN_VOCAB}")
     if max_chars <= 0:
-        raise UserError(f"--max-chars must be positive, got {max_chars}")
+        raise UserError(f"--max_chars must be positive, got {max_chars}")
 
 
 class _Reader:
@@ -223,7 +226,15 @@ def train_tokenizer(
     quiet: bool = False,
 ) -> TokenizerReport:
     """Train the tokenizer on the training split of `data`, write it beside the training index and record
-    its hash there; returns what was written and read."""
+    its hash there; returns what was written and read.
+
+    Args:
+        data: a prepared dataset (with train/), its train/ folder, or the training shard index.
+        vocab_size: tokens, special ones included.
+        max_chars: characters of training text to read, at most.
+        seed: seed of the shard order.
+        quiet: no progress bar.
+    """
     _check_arguments(vocab_size, max_chars)
     index_path = training_index(data)
     index = read_index(str(index_path))
@@ -263,13 +274,25 @@ def train_tokenizer(
                            asked=vocab_size)  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> TokenizerReport:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
-    parser.add_argument("data", help="dataset folder (with train/), its train/ folder, or the training index")
-    parser.add_argument("--vocab-size", type=int, default=8000, help="tokens, special ones included (8000)")
-    parser.add_argument("--max-chars", type=int, default=50_000_000, help="characters to read, at most (50M)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the shard order (0)")
-    args = parser.parse_args(argv)
-    report = train_tokenizer(args.data, args.vocab_size, args.max_chars, args.seed)
+def command(data: str, **kwargs: Any) -> TokenizerReport:
+    """Train a byte-level BPE tokenizer on a text dataset's training split and record it in the split's index.
+
+    Args:
+        data: a prepared dataset (with train/), its train/ folder, or the training shard index.
+    """
+    report = train_tokenizer(data, **kwargs)
     print(report.line())
     return report
+
+
+def main(argv: list[str] | None = None) -> TokenizerReport:
+    return run_command(command, "project.tasks.text.tokenizer", argv)
+
+
+def console() -> None:
+    """The `shards-tokenizer` console script."""
+    run_main(main)
+
+
+if __name__ == "__main__":
+    console()
