@@ -14,7 +14,14 @@ from project.data.redact import redact_text
 
 
 class UserError(Exception):
-    """A mistake in the user's input; printed as one line and the process exits with code 2."""
+    """A mistake in the user's input; printed as one line and the process exits with code 2. A line break in
+    the message (a stranger's file name, a url with a newline) is shown escaped (`\\n`): still one line, and
+    nothing of the value lost."""
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and "\nOriginal Traceback" not in args[0]:
+            args = (args[0].replace("\r", "\\r").replace("\n", "\\n"),)  # torch's re-raise from a worker is kept whole
+        super().__init__(*args)
 
 
 class ShardError(UserError):

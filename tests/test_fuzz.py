@@ -6,23 +6,19 @@ Each case goes through the real ShardStream (stage val, one batch covering the s
 planned), with and without data.skip_corrupt, then through count_samples and scan_shard. Either it reads
 what is readable and lists the rest as skipped (exactly the planned count, nothing twice), or it stops with
 one line naming the shard. It never runs past TIME_BOUND (SIGALRM), never allocates past MEMORY_BOUND
-(tracemalloc's peak), and never writes outside its run folder (an audit hook sees every Python-level open
-for writing, mkdir, rename and remove while a case runs). tests/fuzz_corpus/ replays the interesting and
-once-failing cases. FUZZ_EXAMPLES=20000 runs a long sweep, FUZZ_SEED=N another one than the suite's fixed
-seed; FUZZ_REPORT=FILE writes the outcome counts.
+(tracemalloc's peak), never writes outside its run folder and starts no process (tests/fuzz_harness.py's
+audit hook sees every Python-level open for writing, mkdir, rename and remove, and every process start, while
+a case runs). tests/fuzz_corpus/ replays the interesting and once-failing cases. FUZZ_EXAMPLES=20000 runs a
+long sweep, FUZZ_SEED=N another one than the suite's fixed seed; FUZZ_REPORT=FILE writes the outcome counts
+(merged with tests/test_fuzz_boundaries.py's, under "boundaries", when both run).
 """
 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import json
-import os
 import shutil
-import signal
-import sys
 import time
-import tracemalloc
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -37,62 +33,14 @@ from project.data.stream import ShardStream
 from project.errors import ShardError, UserError
 from project.shards.index import scan_shard
 from tests.conftest import image_task
+from tests.fuzz_harness import EXAMPLES, MEMORY_BOUND, RUN, SEED, bounded, install, write_report
 from tests.fuzz_shards import BASES, HEADERS, NON_TAR, NSAMPLES, fix_checksum, raw_header, tar_cases
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text()) if (CORPUS / "manifest.json").exists() else {}
-MEMORY_BOUND = 64 << 20  # tracemalloc's peak during one case (all readers of it)
-TIME_BOUND = 5.0  # seconds for one case; one takes a few milliseconds
-EXAMPLES, SEED = int(os.environ.get("FUZZ_EXAMPLES", "1000")), os.environ.get("FUZZ_SEED")
+# MEMORY_BOUND: tracemalloc's peak during one case (all readers of it); TIME_BOUND: 5 s, one takes a few ms
 TASK = image_task()
 STATS: dict = {"cases": 0, "outcomes": Counter(), "peak_bytes": 0, "max_seconds": 0.0}
-
-
-class Hang(Exception):
-    """A case that ran past TIME_BOUND."""
-
-
-RUN: dict = {"folder": None, "writes": []}
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-WRITE_EVENTS = {"open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.symlink", "os.link", "os.truncate",
-                "os.chmod", "os.utime", "shutil.copyfile", "shutil.rmtree"}  # fmt: skip
-
-
-def audit(event: str, args: tuple) -> None:
-    """Note every write outside the running case's folder (the hook stays for the session: cheap when idle)."""
-    folder = RUN["folder"] and RUN["folder"] + os.sep
-    if folder is None or event not in WRITE_EVENTS:
-        return
-    if event == "open" and not ((args[1] and set(str(args[1])) & set("wax+")) or (args[2] or 0) & WRITE_FLAGS):
-        return
-    for path in args[:1] if event == "open" else args[:2]:
-        if isinstance(path, str | bytes | os.PathLike) and not os.path.realpath(os.fsdecode(path)).startswith(folder):
-            RUN["writes"].append(f"{event} {path}")
-
-
-@contextlib.contextmanager
-def bounded(folder: Path):
-    """Run a case under the time bound, with its allocations traced and its writes audited, in `folder`."""
-
-    def alarm(signum, frame):
-        raise Hang(f"a case ran past {TIME_BOUND} s; its bytes are in {folder}")
-
-    previous, cwd = signal.signal(signal.SIGALRM, alarm), os.getcwd()
-    signal.setitimer(signal.ITIMER_REAL, TIME_BOUND)
-    faulthandler.dump_traceback_later(TIME_BOUND * 6, exit=True)  # a hang inside C code, where no handler runs
-    tracemalloc.start()
-    os.chdir(folder)
-    RUN["folder"], RUN["writes"] = str(folder.resolve()), []
-    try:
-        yield
-    finally:
-        RUN["folder"] = None
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        faulthandler.cancel_dump_traceback_later()
-        STATS["case_peak"] = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        os.chdir(cwd)
 
 
 def stopped(error: UserError, url: str) -> str:
@@ -145,7 +93,8 @@ def run_case(data: bytes, folder: Path) -> dict[str, str]:
         several = any("\n" in problem for problem in problems)
         outcome["scan"] = "problems (one of several lines)" if several else "problems" if problems else "clean"
     seconds = time.perf_counter() - started
-    assert not RUN["writes"], RUN["writes"]
+    STATS["case_peak"] = RUN.peak
+    assert not RUN.writes and not RUN.processes, (RUN.writes, RUN.processes)
     assert STATS["case_peak"] < MEMORY_BOUND, f"{STATS['case_peak']:,} bytes allocated"
     assert (outcome["skip"] == "read all") == (outcome["strict"] == "read all"), outcome
     STATS["cases"] += 1
@@ -157,13 +106,12 @@ def run_case(data: bytes, folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def report():
-    sys.addaudithook(audit)
+    install()
     yield
     summary = {**STATS, "outcomes": dict(sorted(STATS["outcomes"].items()))}
     summary.pop("case_peak", None)
     print(f"\nfuzz: {json.dumps(summary, indent=1)}")
-    if os.environ.get("FUZZ_REPORT"):
-        Path(os.environ["FUZZ_REPORT"]).write_text(json.dumps(summary, indent=1))
+    write_report(summary)
 
 
 @pytest.fixture(scope="module")

@@ -144,3 +144,22 @@ def test_an_index_listing_huge_classes_is_refused_when_a_prepare_re_shards_it(tm
     (folder / "shardindex.json").write_text(json.dumps(index))
     with pytest.raises(UserError, match="more than 100,000"):
         prepare(str(folder), tmp_path / "out", quiet=True)
+
+
+def test_two_files_whose_keys_coincide_are_both_kept_under_keys_of_their_own(tmp_path):
+    from project.data.samples import read_samples
+    from project.data.shards import resolve_shards
+
+    (tmp_path / "a.jpg").write_bytes(image(9))
+    (tmp_path / "a_jpg").write_bytes(image(10))  # sanitizes to the same key as a.jpg
+    listing = tmp_path / "listing.csv"
+    listing.write_text("path,label\na.jpg,0\na_jpg,1\na.jpg,0\n")  # the first file twice, too
+    prepare(str(listing), tmp_path / "out", val_fraction=0, test_fraction=0, quiet=True, dedup="off")
+    index = resolve_shards(str(tmp_path / "out" / "train"))
+    keys = sorted(s["__key__"] for shard in index.shards for s in read_samples(shard.url))
+    assert keys == ["a_jpg", "a_jpg-2", "a_jpg-3"] and index.nsamples == 3  # the index counts what the shards hold
+
+
+def test_a_line_break_in_a_value_leaves_an_error_on_one_line():
+    error = UserError("lists a missing image: 'a\nb.jpg'")
+    assert str(error) == "lists a missing image: 'a\\nb.jpg'"

@@ -16,6 +16,7 @@ import base64
 import hashlib
 import io
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -30,11 +31,20 @@ from project.errors import ShardError, UserError
 NETWORK_ERRORS = (OSError, HTTPException, urllib.error.URLError)
 
 
+SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def scheme_of(url: str) -> str:
+    """The url's scheme in lower case ("" for a path): read by hand, since urlparse raises on a stranger's
+    url such as `http://[x/y.tar` (an unclosed IPv6 host)."""
+    found = SCHEME.match(url)
+    return found.group(1).lower() if found else ""
+
+
 def is_remote(url: str) -> bool:
-    """True for URLs that open over a network or a command (http, s3, pipe:, ...), False for local paths."""
-    if url.startswith("pipe:"):
-        return True
-    scheme = urlparse(url).scheme
+    """True for URLs that open over a network or a command (http, s3, pipe:, ...), False for local paths
+    (a one-letter scheme is a Windows drive)."""
+    scheme = scheme_of(url)
     return len(scheme) > 1 and scheme != "file"
 
 

@@ -22,7 +22,7 @@ from urllib.parse import urljoin, urlsplit
 
 from project.data.atomic import write_atomically
 from project.data.redact import redact, redact_text
-from project.data.remote import is_remote, local_path, open_url
+from project.data.remote import is_remote, local_path, open_url, scheme_of
 from project.errors import ShardError, UserError
 
 INDEX_NAME = "shardindex.json"
@@ -118,7 +118,8 @@ def read_index(url: str, check_exists: bool = True) -> ShardIndex:
             _check_files(shard, url)
     extra = {key: value for key, value in parsed.items() if key not in WIDS_KEYS}
     name = parsed.get("name")
-    return ShardIndex(shards, name if isinstance(name, str) else None, extra)
+    plain = isinstance(name, str) and len(name) <= 200 and _plain_text(name)
+    return ShardIndex(shards, name if plain else None, extra)
 
 
 def _entry(entry: object, number: int, index_url: str) -> Shard:
@@ -127,13 +128,21 @@ def _entry(entry: object, number: int, index_url: str) -> Shard:
     if not isinstance(entry, dict):
         raise UserError(f"{where}: expected an object with url and nsamples, got {_shown(entry)}")
     url, nsamples, filesize = entry.get("url"), entry.get("nsamples"), entry.get("filesize")
-    if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS or "\0" in url:
-        raise UserError(f"{where}: 'url' must be a string of 1 to {MAX_URL_CHARS} characters, got {_shown(url)}")
+    if not isinstance(url, str) or not url or len(url) > MAX_URL_CHARS or not _plain_text(url) or url != url.strip():
+        raise UserError(
+            f"{where}: 'url' must be 1 to {MAX_URL_CHARS} printable characters, not starting or ending with a "
+            f"space, got {_shown(url)}"
+        )
     if not _is_count(nsamples, MAX_SHARD_SAMPLES):
         raise UserError(f"{where}: 'nsamples' must be an integer in 0..{MAX_SHARD_SAMPLES:,}, got {_shown(nsamples)}")
     if filesize is not None and not _is_count(filesize, MAX_SHARD_BYTES):
         raise UserError(f"{where}: 'filesize' must be an integer in 0..{MAX_SHARD_BYTES:,}, got {_shown(filesize)}")
-    resolved = _resolve_url(url, index_url)
+    try:
+        resolved = _resolve_url(url, index_url)
+        if is_remote(resolved):
+            urlsplit(resolved).port  # noqa: B018 - raises for an unclosed IPv6 host or a port that is no number
+    except ValueError as error:
+        raise UserError(f"{where}: 'url' {_shown(url)} is no URL or path: {error}") from None
     problem = url_problem(resolved, from_remote_index=is_remote(index_url))
     if problem:
         raise UserError(f"{where} ({_shown(redact(url))}) {problem}")
@@ -150,12 +159,22 @@ def url_problem(url: str, from_remote_index: bool = False) -> str | None:
     if "::" in url:
         return "chains fsspec filesystems (::), which an index may not do"
     if is_remote(url):
-        scheme = urlsplit(url).scheme.lower()
+        scheme = scheme_of(url)
         if scheme not in INDEX_SCHEMES:
             return f"has the scheme {scheme}:, which is not one an index may name ({', '.join(sorted(INDEX_SCHEMES))})"
     elif from_remote_index:
         return "is a local file, which a remote index may not name"
     return None
+
+
+def _plain_text(text: str) -> bool:
+    """Printable (no line break, no control character) and UTF-8 (no lone surrogate, which JSON's \\ud800
+    makes): what a path or url of an index may be."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return text.isprintable()
 
 
 def _is_count(value: object, most: int) -> bool:

@@ -3,9 +3,12 @@ integer label (from the source's label texts), and where its bytes are."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 from project.errors import UserError
 from project.tasks.labels import MAX_CLASSES
@@ -46,3 +49,36 @@ def labels_to_classes(labels: list[str]) -> tuple[list[int], list[str]]:
         raise UserError(f"{len(classes):,} different labels, more than {MAX_CLASSES:,} classes")
     lookup = {name: i for i, name in enumerate(classes)}
     return [lookup[label] for label in labels], classes
+
+
+@contextlib.contextmanager
+def csv_field_limit(limit: int) -> Iterator[None]:
+    """csv's field size limit set to `limit` while a listing is read, and put back after: the limit is the
+    whole process's (a text listing allows 1 GiB fields, an image listing's paths 128 KiB)."""
+    previous = csv.field_size_limit(limit)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
+
+
+def unique_keys(records: list[Record]) -> list[Record]:
+    """The records with the keys that repeat (`a.jpg` and `a_jpg` both sanitize to `a_jpg`; a listing that
+    names a file twice) made unique in listing order, `a_jpg`, `a_jpg-2`, ...: two samples of one key would be
+    one sample in a shard, which its index would count twice."""
+    seen: dict[str, int] = {}
+    taken = {record.key for record in records}
+    unique = []
+    for record in records:
+        count = seen.get(record.key, 0) + 1
+        seen[record.key] = count
+        if count == 1:
+            unique.append(record)
+            continue
+        key = f"{record.key}-{count}"
+        while key in taken:
+            count += 1
+            key = f"{record.key}-{count}"
+        taken.add(key)
+        unique.append(replace(record, key=key))
+    return unique

@@ -18,7 +18,7 @@ from project.data.samples import READ_ERRORS, read_samples
 from project.data.shards import resolve_shards
 from project.data.tarreader import DECOMPRESSORS, tar_members
 from project.errors import UserError
-from project.shards.records import Record, labels_to_classes, sanitize_key
+from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key, unique_keys
 from project.tasks.image.decode import (
     IMAGE_EXTENSIONS,
     WANTED_EXTENSIONS,
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 IMAGE_SUFFIXES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 CONVERTED_SUFFIXES = {".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}  # stored as PNG
 LISTING_SUFFIXES = (".csv", ".jsonl", ".json")
+LISTING_FIELD_LIMIT = 128 << 10  # csv's default: a path or a label is short
 
 
 def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], list[str]]:
@@ -68,9 +69,11 @@ def listing(path: Path) -> tuple[list[Record], list[str]]:
     naming it: a field over the CSV limit, a line that is not a JSON object, a path that is not a string."""
     rows = list(_listing_rows(path))
     if not rows or not {"path", "label"} <= set(rows[0][1]):
-        found = sorted(rows[0][1]) if rows else "no rows"
+        found = sorted(map(str, rows[0][1])) if rows else "no rows"
         raise UserError(f"{path} needs 'path' and 'label' columns (found {found})")
     for number, row in rows:
+        if None in row:  # csv.DictReader keeps a row's cells past the header's under the key None
+            raise UserError(f"{path} row {number} has more cells than the header has columns")
         for column in ("path", "label"):
             value = row.get(column)
             if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
@@ -84,7 +87,7 @@ def listing(path: Path) -> tuple[list[Record], list[str]]:
         except (OSError, ValueError) as error:  # a NUL byte, a name too long
             raise UserError(f"{path} row {number}: bad path {_shown(row['path'])}: {error}") from None
         if not found:
-            raise UserError(f"{path} lists a missing image: {row['path']}")
+            raise UserError(f"{path} lists a missing image: {_shown(row['path'])}")
         records.append(Record(sanitize_key(str(row["path"])), label, "file", (str(file),), file.stat().st_size))
     return records, classes
 
@@ -92,13 +95,14 @@ def listing(path: Path) -> tuple[list[Record], list[str]]:
 def _listing_rows(path: Path) -> Iterator[tuple[int, dict]]:
     """(row number, row) of a CSV listing (1: the first row after the header) or a JSONL one (its line)."""
     try:
-        with open(path, newline="", encoding="utf-8") as stream:
+        with open(path, newline="", encoding="utf-8-sig") as stream:  # -sig: the BOM a spreadsheet writes
             if path.suffix.lower() == ".csv":
                 number = 0
                 try:
-                    for number, row in enumerate(csv.DictReader(stream), 1):
-                        yield number, row
-                except csv.Error as error:  # a field over csv.field_size_limit, a NUL byte
+                    with csv_field_limit(LISTING_FIELD_LIMIT):
+                        for number, row in enumerate(csv.DictReader(stream), 1):
+                            yield number, row
+                except csv.Error as error:  # a field over the limit, a NUL byte
                     raise UserError(f"{path} row {number + 1} is not CSV: {error}") from None
                 return
             for number, line in enumerate(stream, 1):
@@ -268,9 +272,11 @@ def load(
     """Records and class names of an image SOURCE given on the command line."""
     kind = source_kind(source)
     if kind == "torchvision":
-        return torchvision_dataset(source.split(":", 1)[1], Path(torchvision_root), download)
-    if kind == "listing":
-        return listing(Path(source))
-    if kind == "folder":
-        return image_folder(Path(source), with_sizes)
-    return tar_shards(source)
+        records, classes = torchvision_dataset(source.split(":", 1)[1], Path(torchvision_root), download)
+    elif kind == "listing":
+        records, classes = listing(Path(source))
+    elif kind == "folder":
+        records, classes = image_folder(Path(source), with_sizes)
+    else:
+        records, classes = tar_shards(source)
+    return unique_keys(records), classes

@@ -21,12 +21,13 @@ from pathlib import Path
 from project.data.samples import read_samples
 from project.data.shards import resolve_shards
 from project.errors import UserError
-from project.shards.records import Record, labels_to_classes, sanitize_key
+from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key, unique_keys
 from project.shards.sources import CONVERTED_SUFFIXES, IMAGE_SUFFIXES, read_record, source_kind
 from project.tasks.image.decode import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS, UnknownLabel, index_classes, label_index
 
 TEXT, LABEL = "txt", "cls"  # the members of a text sample
 KEY_COLUMNS = ("key", "id")  # a listing's column that names its samples, if it has one
+TEXT_FIELD_LIMIT = 1 << 30  # characters of one CSV field (a text)
 PEEK_SAMPLES = 16  # samples of the first shard that `is_text` looks at
 Loaded = tuple[list[Record], list[str], list[str]]  # records, class names, lines about the skipped rows
 
@@ -53,10 +54,12 @@ def load_text(source: str, text_column: str = "text", label_column: str = "label
     if kind == "torchvision":
         raise UserError(f"{source} is an image dataset, not text: drop --text")
     if kind == "listing":
-        return text_listing(Path(source), text_column, label_column)
-    if kind == "folder":
-        return text_folder(Path(source))
-    return text_shards(source)
+        records, classes, skipped = text_listing(Path(source), text_column, label_column)
+    elif kind == "folder":
+        records, classes, skipped = text_folder(Path(source))
+    else:
+        records, classes, skipped = text_shards(source)
+    return unique_keys(records), classes, skipped
 
 
 def text_bytes(record: Record) -> bytes:
@@ -81,7 +84,11 @@ def listing_columns(path: Path) -> list[str]:
     """The columns of a listing: a CSV's header, or the keys of a JSONL file's first JSON object."""
     if path.suffix.lower() == ".csv":
         with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as stream:
-            return next(csv.reader(stream), [])
+            try:
+                with csv_field_limit(TEXT_FIELD_LIMIT):
+                    return next(csv.reader(stream), [])
+            except csv.Error as error:
+                raise UserError(f"{path}: its header is not CSV: {error}") from None
     for _, row, _ in _jsonl_rows(path):
         if row is not None:
             return list(row)
@@ -106,12 +113,12 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, dict | None, str | None]]:
     """(row number, row, None) for each data row of a CSV, 1 for the first one after the header."""
-    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # a text may be longer than 128 KiB
     with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as stream:
         number = 0
         try:
-            for number, row in enumerate(csv.DictReader(stream), 1):
-                yield number, row, None
+            with csv_field_limit(TEXT_FIELD_LIMIT):  # a text may be longer than csv's default 128 KiB
+                for number, row in enumerate(csv.DictReader(stream), 1):
+                    yield number, row, None
         except csv.Error as error:
             raise UserError(f"{path} row {number + 1} is not CSV: {error}") from None
 

@@ -162,6 +162,17 @@ def decode_array(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.n
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
+def image_array(array: np.ndarray) -> np.ndarray:
+    """A .npy array as an image: HxW, HxWx1 or HxWx3 (HxWx4: its alpha dropped), each side at least 1 pixel,
+    numbers; any other shape is a ValueError (a skipped sample), not a batch that fails to stack."""
+    channels = array.shape[2] if array.ndim == 3 else 1
+    if array.ndim not in (2, 3) or min(array.shape[:2]) < 1 or channels not in (1, 3, 4):
+        raise ValueError(f".npy of shape {array.shape} is no image (H x W, or H x W x 1, 3 or 4 channels)")
+    if array.dtype.kind not in "buif":
+        raise ValueError(f".npy of dtype {array.dtype} is no image")
+    return array[:, :, :3] if channels == 4 else array
+
+
 def label_text(sample: dict) -> str:
     """The label as written: the text of `.cls` or `.txt`, or the label field of `.json`. A label member
     over MAX_LABEL_BYTES, a .json that is not an object (or nested past Python's recursion), or a label
@@ -230,7 +241,7 @@ def decode_sample(
         if extension is not None:
             return decode_image(sample[extension], size, max_pixels), label
         if "npy" in sample:
-            return decode_array(sample["npy"], max_pixels), label
+            return image_array(decode_array(sample["npy"], max_pixels)), label
         raise ValueError(f"no image member (.{', .'.join(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)})")
     except (ValueError, OSError, UnidentifiedImageError, UnicodeDecodeError) as error:
         raise DecodeError.of(sample, error) from None

@@ -87,7 +87,8 @@ class TextShards(ClassNames, ShardDataModule):
             raise UserError(f"set data.tokenizer: no {FILE_NAME} is known beside {spec} ({COMMAND} DATA writes one)")
         if self.specs["train"] == spec and (recorded := recorded_tokenizer(self.index("train"))):
             name = recorded.get("file", FILE_NAME)
-            if not isinstance(name, str) or not name or os.path.basename(name) != name or name in (".", ".."):
+            plain = isinstance(name, str) and 0 < len(name) <= 255 and name.isprintable()
+            if not plain or os.path.basename(name) != name or name in (".", ".."):
                 # the index is a stranger's: it names a file beside itself, never a path elsewhere
                 raise UserError(
                     f"the training index records the tokenizer file {name!r}: expected a file name beside it"
