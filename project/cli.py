@@ -89,7 +89,9 @@ class ProjectCLI(LightningCLI):
             run=False,
             args=[arg for arg in given if arg not in ("-h", "--help")] if self.help_requested else args,
             parser_kwargs=parser_kwargs,
-            save_config_callback=RedactedSaveConfig,
+            # evaluate, predict and export save no config: no run folder (a config.yaml of the working folder
+            # would be overwritten), and the checkpoint's run has one
+            save_config_callback=None if from_checkpoint else RedactedSaveConfig,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # the model's configure_optimizers reads its own arguments
             **kwargs,

@@ -21,7 +21,7 @@ from project.data.files import is_plain_folder, pack_folder
 from project.data.health import SkipAccounting, SkipLedger
 from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
-from project.data.redact import redact_hparams
+from project.data.redact import redact_hparams, redact_value
 from project.data.samples import MAX_MEMBER_BYTES, Sample
 from project.data.shard_index import Shard, ShardIndex
 from project.data.shards import resolve_shards
@@ -271,6 +271,14 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
         """The restored training position, once: only the first pass after a restore resumes."""
         position, self._resume_position = self._resume_position, None
         return position
+
+    def __repr__(self) -> str:
+        """Its class and splits (redacted), and nothing more: Lightning's `__str__` builds every dataloader,
+        which resolves every split (jsonargparse's links call it for a debug line)."""
+        specs = ", ".join(f"{split}={redact_value(spec)!r}" for split, spec in self.specs.items() if spec is not None)
+        return f"{type(self).__name__}({specs})"
+
+    __str__ = __repr__
 
     def __getstate__(self) -> dict[str, Any]:
         """What the DataLoader workers get of this module (the stream's task): no trainer, loaders or shards."""

@@ -22,6 +22,7 @@ import os
 import sys
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from PIL import Image, ImageDraw
 from rich.console import Console
@@ -29,6 +30,8 @@ from rich.table import Table
 
 from project.commands import Spellings, run_command
 from project.data.atomic import replace_atomically
+from project.data.redact import redact
+from project.data.remote import is_remote
 from project.data.samples import REFUSED, read_samples
 from project.data.shard_index import INDEX_NAME, ShardIndex
 from project.data.shards import resolve_shards
@@ -46,7 +49,8 @@ def splits_of(spec: str) -> dict[str, ShardIndex]:
     found = {s: root / s for s in ("train", "val", "test") if (root / s / INDEX_NAME).exists()}
     if found:
         return {split: resolve_shards(str(path)) for split, path in found.items()}
-    return {root.name or spec: resolve_shards(spec)}
+    name = Path(urlsplit(spec).path).name if is_remote(spec) else root.name  # a URL's query is no name
+    return {redact(name or spec): resolve_shards(spec)}
 
 
 def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[Image.Image, str]]]:

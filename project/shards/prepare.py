@@ -41,6 +41,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from project.commands import Spellings, run_command
 from project.data.atomic import write_json_atomically
+from project.data.redact import redact
 from project.data.samples import count_samples
 from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.errors import UserError, run_main
@@ -163,7 +164,8 @@ def prepare(
             raise UserError(f"no usable texts in {source} ({len(skipped)} bad rows skipped)")
     else:
         records, classes = load(source, download, torchvision_root, with_sizes=shard_size is not None)
-    settings = {"source": source, "val_fraction": val_fraction, "test_fraction": test_fraction,
+    # the source as people may see it: the manifest is a file beside the shards, which get shared
+    settings = {"source": redact(source), "val_fraction": val_fraction, "test_fraction": test_fraction,
                 "samples_per_shard": samples_per_shard, "shard_size": shard_size, "seed": seed,
                 "resize": resize, "format": format, "parts": count}  # fmt: skip
     if text:  # only for text, so that an image run of an earlier version still resumes

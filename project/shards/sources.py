@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from project.data.private import private_folder
+from project.data.remote import cached, is_remote
 from project.data.samples import READ_ERRORS, read_samples
 from project.data.shards import resolve_shards
 from project.data.tarreader import DECOMPRESSORS, tar_members
@@ -35,6 +37,7 @@ IMAGE_SUFFIXES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 CONVERTED_SUFFIXES = {".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}  # stored as PNG
 LISTING_SUFFIXES = (".csv", ".jsonl", ".json")
 LISTING_FIELD_LIMIT = 128 << 10  # csv's default: a path or a label is short
+SOURCE_CACHE_BYTES = 50 * 10**9  # remote source shards kept for re-sharding, the least recently used out first
 
 
 def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], list[str]]:
@@ -188,6 +191,8 @@ def read_record(record: Record) -> tuple[bytes, str]:
             return encode(image, "png"), "png"
     if record.kind == "tar":
         url, key, extension = record.where
+        if is_remote(url):  # a remote shard once into a folder of this user's, not once for each of its samples
+            url = str(cached(url, private_folder("prepare-sources"), SOURCE_CACHE_BYTES))
         offsets = _member_offsets(url) if os.path.isfile(url) and not url.endswith((".gz", ".tgz")) else None
         if offsets is not None and (key, extension) in offsets:
             start, size = offsets[(key, extension)]
