@@ -43,23 +43,53 @@ def main() -> None:
     step = size // 100
     before = machine()
     started = time.perf_counter()
-    command = [sys.executable, "-m", "project.active", "--pool", str(pool), "--labeled", str(options.run / "labeled"),
-               "--budget", str(step), "--initial", str(step), "--rounds", str(options.rounds),
-               "--strategy", options.strategies, "--seeds", str(options.seeds), "--run", str(options.run),
-               "--trainer.enable_progress_bar=false", *overrides]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "project.active",
+        "--pool",
+        str(pool),
+        "--labeled",
+        str(options.run / "labeled"),
+        "--budget",
+        str(step),
+        "--initial",
+        str(step),
+        "--rounds",
+        str(options.rounds),
+        "--strategy",
+        options.strategies,
+        "--seeds",
+        str(options.seeds),
+        "--run",
+        str(options.run),
+        "--trainer.enable_progress_bar=false",
+        *overrides,
+    ]
     subprocess.run(command, check=True)
     minutes = (time.perf_counter() - started) / 60
     import csv
 
     with open(options.run / "rounds.csv", newline="") as stream:
-        rows = [{**row, "seed": int(row["seed"]), "round": int(row["round"]), "labeled": int(row["labeled"]),
-                 "acc": float(row["acc"])} for row in csv.DictReader(stream)]  # fmt: skip
+        rows = [
+            {
+                **row,
+                "seed": int(row["seed"]),
+                "round": int(row["round"]),
+                "labeled": int(row["labeled"]),
+                "acc": float(row["acc"]),
+            }
+            for row in csv.DictReader(stream)
+        ]
     print("\n| strategy | " + " | ".join(f"round {r}" for r in range(options.rounds + 1)) + " |")
     print("|---|" + "---|" * (options.rounds + 1))
     summary = summarize(rows)
     for strategy in sorted({row["strategy"] for row in summary}):
-        cells = [f"{row['acc_mean']:.3f} ± {row['acc_std']:.3f} ({row['labeled']})"
-                 for row in summary if row["strategy"] == strategy]  # fmt: skip
+        cells = [
+            f"{row['acc_mean']:.3f} ± {row['acc_std']:.3f} ({row['labeled']})"
+            for row in summary
+            if row["strategy"] == strategy
+        ]
         print(f"| {strategy} | " + " | ".join(cells) + " |")
     print()
     for line in claim_lines(compare(rows)):

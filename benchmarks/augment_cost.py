@@ -40,7 +40,7 @@ import torch
 from torchvision.io import ImageReadMode
 
 from project.data.shard_index import Shard, write_index
-from project.shards.tarwriter import FastTarWriter
+from project.data.tarwriter import FastTarWriter
 from project.tasks.image.crops import CropFlip, hwc
 from project.tasks.image.decode import decode_jpeg_pixels
 from project.tasks.image.demo import CLASSES, draw_sample, encode_jpeg
@@ -142,8 +142,16 @@ def loader_rate(encoded: list[bytes], size: int, repeats: int, workers: int = 2)
                     writer.write({"__key__": f"{first + offset:08d}", "jpg": data, "cls": b"%d" % (offset % 10)})
             shards.append(Shard(str(path), len(chunk), path.stat().st_size))
         write_index(Path(folder) / "shardindex.json", shards, extra={"classes": CLASSES})
-        task = ImageShards(root=None, train=folder, image_size=size, augment="light", batch_size=128,
-                           num_workers=workers, classes=CLASSES, pin_memory=False)  # fmt: skip
+        task = ImageShards(
+            root=None,
+            train=folder,
+            image_size=size,
+            augment="light",
+            batch_size=128,
+            num_workers=workers,
+            classes=CLASSES,
+            pin_memory=False,
+        )
         rates = []
         for epoch in range(repeats + 1):  # the first epoch is not counted (first reads of the shards)
             loader = task.train_dataloader()
@@ -178,14 +186,20 @@ def main() -> None:
         costs = measure_costs(encoded[: args.samples], size, args.repeats)
         naive = 2 / ((costs["decode_before_us"] + costs["augment_before_us"]) * 1e-6)
         rate = loader_rate(encoded[: args.loader_samples], size, max(1, args.repeats // 2))
-        costs.update(naive_limit=naive, loader=rate, loader_vs_naive=rate / naive,
-                     augment_ratio=costs["augment_after_us"] / costs["augment_before_us"])  # fmt: skip
+        costs.update(
+            naive_limit=naive,
+            loader=rate,
+            loader_vs_naive=rate / naive,
+            augment_ratio=costs["augment_after_us"] / costs["augment_before_us"],
+        )
         results[name] = costs
         decode = f"{costs['decode_before_us']:>7.0f} -> {costs['decode_after_us']:<6.0f}"
         augment = f"{costs['augment_before_us']:>7.0f} -> {costs['augment_after_us']:<6.0f}"
         print(f"{name:<16} {decode} {augment} {costs['augment_ratio']:>17.2f} {costs['loader_vs_naive']:>13.2f}")
-    print("(microseconds of CPU per sample; loader/naive: the train loader's samples/s over 2 processes' "
-          "unfused torchvision decode + v2 augmentation)")  # fmt: skip
+    print(
+        "(microseconds of CPU per sample; loader/naive: the train loader's samples/s over 2 processes' "
+        "unfused torchvision decode + v2 augmentation)"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 

@@ -55,21 +55,44 @@ def main() -> None:
             start = time.perf_counter()
             labels = groups(source, distance)
             precision, recall = pair_scores(labels.tolist(), expected)
-            rows.append({"near_distance": distance, "check": check, "precision": round(precision, 4),
-                         "recall": round(recall, 4), "search_s": round(time.perf_counter() - start, 3)})  # fmt: skip
+            rows.append(
+                {
+                    "near_distance": distance,
+                    "check": check,
+                    "precision": round(precision, 4),
+                    "recall": round(recall, 4),
+                    "search_s": round(time.perf_counter() - start, 3),
+                }
+            )
     labels = groups(hashes).tolist()  # at the default: which kinds of copy join their original's group
     position = {name: i for i, name in enumerate(names)}
-    found_by_kind = {kind: float(np.mean([labels[position[name]] == labels[position[truth[name]]]
-                                          for name in names if name.endswith(f"_{kind}.jpg")]))
-                     for kind in VARIANTS}  # fmt: skip
-    result = {"samples": len(names), "originals": args.originals, "similar": args.similar,
-              "hash_us_per_sample": round(hashing / len(names) * 1e6), "rows": rows,
-              "copies_found_by_kind": found_by_kind}  # fmt: skip
+    found_by_kind = {
+        kind: float(
+            np.mean(
+                [
+                    labels[position[name]] == labels[position[truth[name]]]
+                    for name in names
+                    if name.endswith(f"_{kind}.jpg")
+                ]
+            )
+        )
+        for kind in VARIANTS
+    }
+    result = {
+        "samples": len(names),
+        "originals": args.originals,
+        "similar": args.similar,
+        "hash_us_per_sample": round(hashing / len(names) * 1e6),
+        "rows": rows,
+        "copies_found_by_kind": found_by_kind,
+    }
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{len(names)} samples ({args.originals} originals x 5, {args.similar} similar), hashed in "
-          f"{result['hash_us_per_sample']} us a sample (one process)")  # fmt: skip
+    print(
+        f"{len(names)} samples ({args.originals} originals x 5, {args.similar} similar), hashed in "
+        f"{result['hash_us_per_sample']} us a sample (one process)"
+    )
     print("| --near-distance | check | precision | recall |\n|---|---|---|---|")
     for row in rows:
         mark = " (default)" if row["near_distance"] == DEFAULT_NEAR_DISTANCE else ""

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 import torchvision
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from project.bench.loader import subset_index
-from project.data.shards import resolve_shards
+from project.bench.images import subset_index
+from project.data.specs import resolve_shards
 from project.tasks.image.data import ImageShards
 from project.tasks.image.demo import make_demo
 from project.tasks.image.model import IMAGENET_MEAN, IMAGENET_STD
@@ -131,17 +131,27 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as scratch:
         index = make_shards(Path(scratch), args.samples, args.image_size * 8 // 7, copies)
         for decode_on in ("cpu", "device"):
-            data = ImageShards(root=None, train=str(index), batch_size=args.batch_size, num_workers=args.workers,
-                                   image_size=args.image_size, augment="light", pin_memory=device.type == "cuda",
-                                   prefetch_factor=4, decode_on=decode_on)  # fmt: skip
+            data = ImageShards(
+                root=None,
+                train=str(index),
+                batch_size=args.batch_size,
+                num_workers=args.workers,
+                image_size=args.image_size,
+                augment="light",
+                pin_memory=device.type == "cuda",
+                prefetch_factor=4,
+                decode_on=decode_on,
+            )
             model = build_model(args.model, device)
             rate, wait = train_rate(pipeline_batches(data, device), model, device, args.warmup, args.steps, bf16)
             results[f"decode_{decode_on}"] = {"images_per_s": rate, "data_wait": wait}
     batches = synthetic_batches(args.batch_size, args.image_size, device)
     synthetic, _ = train_rate(batches, build_model(args.model, device), device, args.warmup, args.steps, bf16)
     results["synthetic"] = {"images_per_s": synthetic}
-    results["ratios"] = {f"decode_{where}_vs_synthetic": results[f"decode_{where}"]["images_per_s"] / synthetic
-                         for where in ("cpu", "device")}  # fmt: skip
+    results["ratios"] = {
+        f"decode_{where}_vs_synthetic": results[f"decode_{where}"]["images_per_s"] / synthetic
+        for where in ("cpu", "device")
+    }
     results["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     return results
 

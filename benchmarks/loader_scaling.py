@@ -18,10 +18,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from project.bench.loader import decode_rate, imagefolder_rate, loader_rate, subset_index, write_image_folder
+from project.bench.images import decode_rate, imagefolder_rate, loader_rate, subset_index, write_image_folder
 from project.bench.run import data_settings
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.tasks.image.demo import make_demo
 
 # (stored, trained): at the stored size the loader's work beyond bare decoding is its fixed cost per sample;
@@ -44,9 +44,15 @@ def measure(stored: int, trained: int, args: argparse.Namespace, scratch: Path) 
         runs["loader"].append(loader_rate(index, args.workers, settings)[0])
         runs["imagefolder"].append(imagefolder_rate(folder, args.workers, settings))
     medians = {name: statistics.median(values) for name, values in runs.items()}
-    return {"stored": stored, "trained": trained, "samples": len(samples), "runs": runs, "medians": medians,
-            "loader_vs_decode": medians["loader"] / medians["decode"],
-            "loader_vs_imagefolder": medians["loader"] / medians["imagefolder"]}  # fmt: skip
+    return {
+        "stored": stored,
+        "trained": trained,
+        "samples": len(samples),
+        "runs": runs,
+        "medians": medians,
+        "loader_vs_decode": medians["loader"] / medians["decode"],
+        "loader_vs_imagefolder": medians["loader"] / medians["imagefolder"],
+    }
 
 
 def main() -> None:
@@ -62,8 +68,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in results:
         m, ratios = r["medians"], f"{r['loader_vs_decode']:.2f} | {r['loader_vs_imagefolder']:.2f}"
-        print(f"| {r['stored']} | {r['trained']} | {m['decode']:,.0f}/s | {m['loader']:,.0f}/s | "
-              f"{m['imagefolder']:,.0f}/s | {ratios} |")  # fmt: skip
+        print(
+            f"| {r['stored']} | {r['trained']} | {m['decode']:,.0f}/s | {m['loader']:,.0f}/s | "
+            f"{m['imagefolder']:,.0f}/s | {ratios} |"
+        )
     print(f"\n{args.workers} workers, medians of {args.repeats} repeats, {results[0]['samples']:,} samples each")
     if args.json:
         print(json.dumps(results))

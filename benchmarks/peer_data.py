@@ -21,7 +21,7 @@ from peer_loaders import PEER_PACKAGES, stored_samples
 
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, Shard, write_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 
 PEERS_ROOT = Path("data/peers")
 DONE = ".complete"
@@ -96,8 +96,15 @@ def write_litdata(data: ImageSet, folder: Path) -> None:
     from litdata import optimize
 
     urls = [shard.url for shard in resolve_shards(str(data.shards)).shards]
-    optimize(fn=functools.partial(litdata_items, urls), inputs=list(range(len(urls))), output_dir=str(folder),
-             chunk_bytes="64MB", num_workers=1, start_method="fork", verbose=False)  # fmt: skip
+    optimize(
+        fn=functools.partial(litdata_items, urls),
+        inputs=list(range(len(urls))),
+        output_dir=str(folder),
+        chunk_bytes="64MB",
+        num_workers=1,
+        start_method="fork",
+        verbose=False,
+    )
 
 
 def write_mosaic(data: ImageSet, folder: Path) -> None:

@@ -4,7 +4,7 @@ of them measured: samples/s, CPU time of all its processes, peak RSS, and the or
 Every peer decodes with torchvision's `decode_image` (its libjpeg-turbo JPEG operator, the best public decode
 path) and augments with the project's `light` preset (`build_transform("light", size, train=True)`:
 RandomResizedCrop with scale 0.7 to 1, then a horizontal flip, torchvision v2), one sample at a time, in its
-DataLoader workers: the bench's naive path, `project.bench.loader.NaiveSample`. The project's
+DataLoader workers: the bench's naive path, `project.bench.images.NaiveSample`. The project's
 loader runs as `project.train` configures it with data.augment=light: the same crop and flip rule, through
 its own decode and batched crop path (project/tasks/image/decode.py and crops.py).
 
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import torchvision
 
-from project.bench.loader import NaiveSample, webdataset_pipeline
+from project.bench.images import NaiveSample, webdataset_pipeline
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 
 LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder")
 PEER_PACKAGES = {"webdataset": "webdataset", "litdata": "litdata", "mosaic": "streaming"}  # loader: module
@@ -59,8 +59,17 @@ def project_loader(shards: Path, size: int, workers: int, batch_size: int, shuff
 
     if workers:
         warm_forkserver(WORKER_MODULES)  # its one-time start (imports) is the training process's, not the epoch's
-    module = ImageShards(root=None, train=str(shards), num_workers=workers, batch_size=batch_size, image_size=size,
-                         augment="light", shuffle_buffer=shuffle_buffer, seed=seed, pin_memory=False)  # fmt: skip
+    module = ImageShards(
+        root=None,
+        train=str(shards),
+        num_workers=workers,
+        batch_size=batch_size,
+        image_size=size,
+        augment="light",
+        shuffle_buffer=shuffle_buffer,
+        seed=seed,
+        pin_memory=False,
+    )
     return module.train_dataloader(), lambda batch: batch.keys
 
 
@@ -195,13 +204,22 @@ class Processes:
         return sum(cpu - self.start.get(pid, 0.0) for pid, cpu in self.last.items())
 
 
-def run_epoch(loader: str, shards: Path, cache: Path, size: int, workers: int, batch_size: int,
-              shuffle_buffer: int = 1000, seed: int = 0) -> dict:  # fmt: skip
+def run_epoch(
+    loader: str,
+    shards: Path,
+    cache: Path,
+    size: int,
+    workers: int,
+    batch_size: int,
+    shuffle_buffer: int = 1000,
+    seed: int = 0,
+) -> dict:
     """One full shuffled epoch of `loader`: samples/s from iter() to the last batch, CPU microseconds per
     sample of all its processes, their peak summed RSS in MB, and the keys in the order they came."""
     where = shards if loader in ("project", "webdataset") else cache
-    batches, keys_of = BUILDERS[loader](where, size=size, workers=workers, batch_size=batch_size,
-                                        shuffle_buffer=shuffle_buffer, seed=seed)  # fmt: skip
+    batches, keys_of = BUILDERS[loader](
+        where, size=size, workers=workers, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed
+    )
     processes = Processes()
     keys: list[str] = []
     start = time.perf_counter()
@@ -210,9 +228,15 @@ def run_epoch(loader: str, shards: Path, cache: Path, size: int, workers: int, b
         processes.sample()
     seconds = time.perf_counter() - start
     del batches
-    return {"loader": loader, "samples": len(keys), "seconds": seconds, "rate": len(keys) / seconds,
-            "cpu_us": processes.cpu_seconds() / max(1, len(keys)) * 1e6,
-            "peak_rss_mb": processes.peak_rss / 2**20, "keys": keys}  # fmt: skip
+    return {
+        "loader": loader,
+        "samples": len(keys),
+        "seconds": seconds,
+        "rate": len(keys) / seconds,
+        "cpu_us": processes.cpu_seconds() / max(1, len(keys)) * 1e6,
+        "peak_rss_mb": processes.peak_rss / 2**20,
+        "keys": keys,
+    }
 
 
 def stored_samples(shards: Path) -> Iterable[dict]:

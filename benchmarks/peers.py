@@ -57,12 +57,20 @@ def naive_limit(data: ImageSet, size: int, processes: int, samples: int = 2000) 
     return {"us_per_sample": seconds * 1e6, "rate": max(1, processes) / seconds}
 
 
-def run_one(loader: str, data: ImageSet, size: int, args: argparse.Namespace, shuffle_buffer: int = 1000,
-            isolated: bool = True) -> dict:  # fmt: skip
+def run_one(
+    loader: str, data: ImageSet, size: int, args: argparse.Namespace, shuffle_buffer: int = 1000, isolated: bool = True
+) -> dict:
     """One epoch of `loader` (see `run_epoch`), in a fresh process unless `isolated` is false; a peer that is
     not installed gives {"missing": ...}, one that fails {"error": ...}."""
-    spec = {"loader": loader, "shards": str(data.shards), "cache": str(data.cache), "size": size,
-            "workers": args.workers, "batch_size": args.batch_size, "shuffle_buffer": shuffle_buffer}  # fmt: skip
+    spec = {
+        "loader": loader,
+        "shards": str(data.shards),
+        "cache": str(data.cache),
+        "size": size,
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "shuffle_buffer": shuffle_buffer,
+    }
     if not isolated:
         return epoch_of(spec)
     with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
@@ -113,16 +121,29 @@ def measure(data: ImageSet, size: int, args: argparse.Namespace, isolated: bool 
             rows[loader] = {"note": notes[loader]}
             continue
         rows[loader] = {name: statistics.median(r[name] for r in results) for name in ("rate", "cpu_us", "peak_rss_mb")}
-        rows[loader].update(samples=results[0]["samples"], duplicates=max(r["duplicates"] for r in results),
-                            unknown=max(r["unknown"] for r in results), runs=results)  # fmt: skip
+        rows[loader].update(
+            samples=results[0]["samples"],
+            duplicates=max(r["duplicates"] for r in results),
+            unknown=max(r["unknown"] for r in results),
+            runs=results,
+        )
         rows[loader]["vs_naive"] = rows[loader]["rate"] / limit["rate"]
     project = rows.get("project", {}).get("rate")
     for row in rows.values():
         if project and "rate" in row:
             row["vs_project"] = row["rate"] / project
-    return {"set": data.name, "stored": stored_size(data), "trained": size, "samples": len(keys),
-            "workers": args.workers, "batch_size": args.batch_size, "repeats": args.repeats,
-            "naive": {**limit, "runs": naive}, "loaders": rows, "orders": orders}  # fmt: skip
+    return {
+        "set": data.name,
+        "stored": stored_size(data),
+        "trained": size,
+        "samples": len(keys),
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "naive": {**limit, "runs": naive},
+        "loaders": rows,
+        "orders": orders,
+    }
 
 
 def stored_size(data: ImageSet) -> int:
@@ -138,18 +159,24 @@ def table(result: dict) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     project = result["loaders"].get("project", {}).get("rate")
     ratio = f"{naive['rate'] / project:.2f}" if project else "–"
-    lines.append(f"| {NAIVE} ({max(1, result['workers'])} × one process) | {naive['rate']:,.0f} | "
-                 f"{naive['us_per_sample']:,.0f} (one process) | – | {ratio} | 1.00 |")  # fmt: skip
+    lines.append(
+        f"| {NAIVE} ({max(1, result['workers'])} × one process) | {naive['rate']:,.0f} | "
+        f"{naive['us_per_sample']:,.0f} (one process) | – | {ratio} | 1.00 |"
+    )
     for loader, row in result["loaders"].items():
         if "note" in row:
             lines.append(f"| {loader} | {row['note']} | | | | |")
             continue
         vs_project = f"{row['vs_project']:.2f}" if "vs_project" in row else "–"
-        lines.append(f"| {loader} | {row['rate']:,.0f} | {row['cpu_us']:,.0f} | {row['peak_rss_mb']:,.0f} | "
-                     f"{vs_project} | {row['vs_naive']:.2f} |")  # fmt: skip
-    lines.append(f"\n{result['set']}: {result['samples']:,} images stored at {result['stored']} px, trained at "
-                 f"{result['trained']} px; {result['workers']} workers, batch {result['batch_size']}, "
-                 f"medians of {result['repeats']} epochs.")  # fmt: skip
+        lines.append(
+            f"| {loader} | {row['rate']:,.0f} | {row['cpu_us']:,.0f} | {row['peak_rss_mb']:,.0f} | "
+            f"{vs_project} | {row['vs_naive']:.2f} |"
+        )
+    lines.append(
+        f"\n{result['set']}: {result['samples']:,} images stored at {result['stored']} px, trained at "
+        f"{result['trained']} px; {result['workers']} workers, batch {result['batch_size']}, "
+        f"medians of {result['repeats']} epochs."
+    )
     return "\n".join(lines)
 
 
@@ -193,8 +220,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         results.append(result)
         print(table(result) + "\n", flush=True)
     report = {"machine": {**before, "load_after": machine()["load_1_5_15"]}, "sizes": results}
-    print(f"{report['machine']['cores']} cores; load average (1, 5, 15 min) {before['load_1_5_15']} before, "
-          f"{report['machine']['load_after']} after")  # fmt: skip
+    print(
+        f"{report['machine']['cores']} cores; load average (1, 5, 15 min) {before['load_1_5_15']} before, "
+        f"{report['machine']['load_after']} after"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return results

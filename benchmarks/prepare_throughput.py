@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -67,12 +68,12 @@ def main() -> None:
         for repeat in range(args.repeats):
             for name, (workers, dedup) in runs.items():
                 out = scratch / f"out-{repeat}"
-                times[name].append(timed(lambda: prepare(str(scratch / "images"), out, workers=workers,  # noqa: B023
-                                                         quiet=True, dedup=dedup)))  # noqa: B023  # fmt: skip
+                images = str(scratch / "images")
+                times[name].append(timed(partial(prepare, images, out, workers=workers, quiet=True, dedup=dedup)))
                 shutil.rmtree(out)
             archive = scratch / f"plain-{repeat}.tar"
-            times["tar -cf"].append(timed(lambda: subprocess.run(["tar", "-cf", str(archive), "images"],  # noqa: B023
-                                                                 cwd=scratch, check=True)))  # fmt: skip
+            command = ["tar", "-cf", str(archive), "images"]
+            times["tar -cf"].append(timed(partial(subprocess.run, command, cwd=scratch, check=True)))
             archive.unlink()
     medians = {name: statistics.median(values) for name, values in times.items()}
     rates = {name: args.images / seconds for name, seconds in medians.items()}
@@ -93,8 +94,10 @@ def main() -> None:
     for name, rate in rates.items():
         print(f"  {name:34s} {rate:8.0f} samples/s  ({medians[name]:.2f} s)")
     print(f"  workers 2 / workers 1: {result['workers_2_over_1']}x;  workers 2 / tar: {result['workers_2_over_tar']}x")
-    print(f"  wall time added by --dedup exact: {result['dedup_exact_adds']:+.0%}; by --dedup near: "
-          f"{result['dedup_near_adds']:+.0%}")  # fmt: skip
+    print(
+        f"  wall time added by --dedup exact: {result['dedup_exact_adds']:+.0%}; by --dedup near: "
+        f"{result['dedup_near_adds']:+.0%}"
+    )
 
 
 if __name__ == "__main__":

@@ -131,17 +131,26 @@ def table(results: dict) -> str:
             if "note" in row:
                 lines.append(f"| {loader} | {name} | {row['note']} | | |")
             else:
-                lines.append(f"| {loader} | {name} | {row['entropy_ratio']:.3f} | {row['displacement_ratio']:.3f} | "
-                             f"{row['kendall_tau']:.3f} |")  # fmt: skip
-    lines += ["", "| project, sorted set: workers | shuffle_buffer | entropy ratio | displacement ratio | Kendall τ |",
-              "|---|---|---|---|---|"]  # fmt: skip
+                lines.append(
+                    f"| {loader} | {name} | {row['entropy_ratio']:.3f} | {row['displacement_ratio']:.3f} | "
+                    f"{row['kendall_tau']:.3f} |"
+                )
+    lines += [
+        "",
+        "| project, sorted set: workers | shuffle_buffer | entropy ratio | displacement ratio | Kendall τ |",
+        "|---|---|---|---|---|",
+    ]
     for row in results["buffers"]:
-        lines.append(f"| {row['workers']} | {row['shuffle_buffer']} | {row['entropy_ratio']:.3f} | "
-                     f"{row['displacement_ratio']:.3f} | {row['kendall_tau']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {row['workers']} | {row['shuffle_buffer']} | {row['entropy_ratio']:.3f} | "
+            f"{row['displacement_ratio']:.3f} | {row['kendall_tau']:.3f} |"
+        )
     needed = results["buffer_needed"]
     found = f"shuffle_buffer {needed['shuffle_buffer']} with {needed['workers']} worker(s)" if needed else "none tried"
-    lines.append(f"\nreaching {TARGET} on the sorted set: {found}; {results['workers']} workers above, batch "
-                 f"{results['batch_size']}.")  # fmt: skip
+    lines.append(
+        f"\nreaching {TARGET} on the sorted set: {found}; {results['workers']} workers above, batch "
+        f"{results['batch_size']}."
+    )
     return "\n".join(lines)
 
 

@@ -33,9 +33,13 @@ SCENARIOS = {
     "input-bound": ["--data.augment=strong", "--model.init_args.width=4"],
 }
 LOGS = Path(tempfile.gettempdir()) / "threads-bench-logs"
-RUN = ["--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-       "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
-       f"--trainer.logger.init_args.save_dir={LOGS}"]  # fmt: skip
+RUN = [
+    "--trainer.limit_val_batches=0",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_checkpointing=false",
+    "--trainer.enable_model_summary=false",
+    f"--trainer.logger.init_args.save_dir={LOGS}",
+]
 
 
 def one_run(args: list[str]) -> None:
@@ -94,8 +98,12 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     settings: list[int | None] = [None, *sorted({1, 2, cores})]
     results = {}
-    print(f"{'scenario':<12} {'policy':>16} " + " ".join(f"{f'{c} thread(s)':>12}" for c in settings[1:])
-          + f" {'policy/best':>12}", flush=True)  # fmt: skip
+    print(
+        f"{'scenario':<12} {'policy':>16} "
+        + " ".join(f"{f'{c} thread(s)':>12}" for c in settings[1:])
+        + f" {'policy/best':>12}",
+        flush=True,
+    )
     for name in names:
         runs: dict[str, list[dict]] = {str(s): [] for s in settings}
         for _ in range(args.repeats):

@@ -33,7 +33,7 @@ SERVER_START = (
 
 def one_epoch(index: Path, workers: int, method: str, settings: dict) -> tuple[float, float]:
     """(seconds to the first batch, samples/s of the epoch) of one pass of the train loader."""
-    from project.bench.loader import make_datamodule
+    from project.bench.images import make_datamodule
 
     loader = make_datamodule(index, workers, {**settings, "worker_start": method}).train_dataloader()
     start, first, count = time.perf_counter(), None, 0
@@ -52,18 +52,21 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     # imported here, not at the top: workers that forkserver or spawn start run this script again
-    from project.bench.loader import subset_index
+    from project.bench.images import subset_index
     from project.bench.run import data_settings
-    from project.data.shards import resolve_shards
+    from project.data.specs import resolve_shards
     from project.data.workers import warm_forkserver
     from project.tasks import WORKER_MODULES
 
     settings = data_settings()
     server_starts = [
-        float(subprocess.run([sys.executable, "-c", SERVER_START], capture_output=True, text=True,
-                             check=True).stdout.split()[-1])
+        float(
+            subprocess.run(
+                [sys.executable, "-c", SERVER_START], capture_output=True, text=True, check=True
+            ).stdout.split()[-1]
+        )
         for _ in range(3)
-    ]  # fmt: skip
+    ]
     warm_forkserver(WORKER_MODULES)
     train = resolve_shards(str(Path(args.data) / "train"))
     runs: dict[str, dict[str, list[float]]] = {m: {"first_batch_s": [], "samples_per_s": []} for m in METHODS}
@@ -89,8 +92,10 @@ def main() -> None:
     print(f"{'method':<12}{'first batch s':>15}{'samples/s':>12}{'first batch / fork':>20}{'rate / fork':>13}")
     for m in METHODS:
         ratio = result["ratios_vs_fork"][m]
-        print(f"{m:<12}{medians[m]['first_batch_s']:>15.3f}{medians[m]['samples_per_s']:>12.0f}"
-              f"{ratio['first_batch_s']:>20.2f}{ratio['samples_per_s']:>13.2f}")  # fmt: skip
+        print(
+            f"{m:<12}{medians[m]['first_batch_s']:>15.3f}{medians[m]['samples_per_s']:>12.0f}"
+            f"{ratio['first_batch_s']:>20.2f}{ratio['samples_per_s']:>13.2f}"
+        )
     if args.json:
         print(json.dumps(result))
 

@@ -24,8 +24,8 @@ from project.callbacks.template import add_callback_sections, chosen
 from project.callbacks.threads import fixed_threads, threads_fixed_by_user
 from project.commands import started_as
 from project.data.datamodule import ShardDataModule
-from project.data.redact import redact
 from project.errors import UserError
+from project.redact import redact
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"

@@ -76,8 +76,13 @@ class Spellings:
         positional_list: the leading paths are one list-typed positional (`index a b --out x`).
     """
 
-    def __init__(self, switches: Collection[str] = (), renamed: dict[str, str] | None = None,
-                 lists: Collection[str] = (), positional_list: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        switches: Collection[str] = (),
+        renamed: dict[str, str] | None = None,
+        lists: Collection[str] = (),
+        positional_list: bool = False,
+    ) -> None:
         self.switches, self.renamed, self.lists = set(switches), dict(renamed or {}), set(lists)
         self.positional_list = positional_list
 
@@ -118,8 +123,9 @@ def modernized(args: Sequence[str], options: set[str], spellings: Spellings | No
     return result
 
 
-def run_command(function: Callable, module: str, args: Sequence[str] | None = None,
-                spellings: Spellings | None = None) -> Any:  # fmt: skip
+def run_command(
+    function: Callable, module: str, args: Sequence[str] | None = None, spellings: Spellings | None = None
+) -> Any:
     """Parse `args` (the command line by default) into `function`'s arguments and call it."""
     parser = command_parser(function, module)
     given = list(sys.argv[1:] if args is None else args)
@@ -134,8 +140,9 @@ def arguments(parser: ArgumentParser, config: Namespace) -> dict[str, Any]:
     return {key: value for key, value in vars(built).items() if key not in ("config", "print_config", "__path__")}
 
 
-def parse_tool_arguments(function: Callable, module: str, args: Sequence[str],
-                         spellings: Spellings | None = None) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+def parse_tool_arguments(
+    function: Callable, module: str, args: Sequence[str], spellings: Spellings | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """A training tool's own options (keyword arguments of `function`) and the rest, for its runs. A token
     naming one of the tool's options (`--budget 10`, `--budget=10`) is the tool's, with its value."""
     parser = command_parser(function, module, config=False)

@@ -10,7 +10,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from project.data.redact import redact_text
+from project.redact import redact_text
 
 
 class UserError(Exception):

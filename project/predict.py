@@ -65,9 +65,14 @@ def main(args: list[str] | None = None) -> int:
     index = data.index("predict")  # resolved (a plain folder packed) before the trainer starts
     names = list(getattr(model.hparams, "class_names", None) or [str(i) for i in range(model.hparams.num_classes)])
     ckpt = Path(config.ckpt_path)
-    writer = PredictionWriter(Path(config.out), names, config.top_k, config.embeddings,
-                              key_name=unpack_key if PACKED_KEY in index.extra else str,
-                              identity=f"{ckpt.resolve()}:{ckpt.stat().st_size}:{ckpt.stat().st_mtime_ns}")  # fmt: skip
+    writer = PredictionWriter(
+        Path(config.out),
+        names,
+        config.top_k,
+        config.embeddings,
+        key_name=unpack_key if PACKED_KEY in index.extra else str,
+        identity=f"{ckpt.resolve()}:{ckpt.stat().st_size}:{ckpt.stat().st_mtime_ns}",
+    )
     cli.trainer.callbacks.append(writer)
     cli.trainer.predict(model, datamodule=data, ckpt_path=str(ckpt), return_predictions=False)
     rows = writer.merged_rows

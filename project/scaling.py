@@ -71,9 +71,14 @@ def run_fraction(overrides: list[str], fraction: float, folder: Path, named: boo
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     results = trainer.test(model, datamodule=datamodule, ckpt_path=best or None)
     log_dir = getattr(trainer.logger, "log_dir", None)
-    row = {"fraction": fraction, "train_samples": sum(shard.nsamples for shard in datamodule.shards("train")),
-           "epochs": trainer.current_epoch, "steps": trainer.global_step, "fit_seconds": round(seconds, 2),
-           "run_folder": str(log_dir or folder / version)}  # fmt: skip
+    row = {
+        "fraction": fraction,
+        "train_samples": sum(shard.nsamples for shard in datamodule.shards("train")),
+        "epochs": trainer.current_epoch,
+        "steps": trainer.global_step,
+        "fit_seconds": round(seconds, 2),
+        "run_folder": str(log_dir or folder / version),
+    }
     row.update({key: float(value) for result in results for key, value in result.items()})
     return row
 

@@ -104,8 +104,15 @@ def run_module(module: str, *args: str, cwd: Path | None = None, timeout: int = 
     # PYTHONPATH: subprocesses can load test-only callbacks from tests/helpers.py
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, "-m", module, *args]
-    process = subprocess.Popen(command, cwd=cwd or REPO, env=env, text=True, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=cwd or REPO,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

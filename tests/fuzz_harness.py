@@ -41,11 +41,33 @@ class ProcessStarted(Exception):
 
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-WRITE_EVENTS = {"open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.symlink", "os.link", "os.truncate",
-                "os.chmod", "os.utime", "shutil.copyfile", "shutil.rmtree"}  # fmt: skip
-PROCESS_EVENTS = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-                  "pty.spawn", "os.startfile", "multiprocessing.Process.start",
-                  "multiprocessing.util.spawnv_passfds"}  # fmt: skip
+WRITE_EVENTS = {
+    "open",
+    "os.mkdir",
+    "os.rename",
+    "os.remove",
+    "os.rmdir",
+    "os.symlink",
+    "os.link",
+    "os.truncate",
+    "os.chmod",
+    "os.utime",
+    "shutil.copyfile",
+    "shutil.rmtree",
+}
+PROCESS_EVENTS = {
+    "subprocess.Popen",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.fork",
+    "os.forkpty",
+    "pty.spawn",
+    "os.startfile",
+    "multiprocessing.Process.start",
+    "multiprocessing.util.spawnv_passfds",
+}
 
 
 @dataclass

@@ -20,9 +20,10 @@ def recorder(folder: Path) -> str:
 
 def step_checkpoints(folder: Path, every: int) -> str:
     """A train flag that adds a ModelCheckpoint saving `folder`/step=N.ckpt every `every` steps, all kept."""
-    callback = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                "init_args": {"dirpath": str(folder), "filename": "{step}", "every_n_train_steps": every,
-                              "save_top_k": -1}}  # fmt: skip
+    callback = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"dirpath": str(folder), "filename": "{step}", "every_n_train_steps": every, "save_top_k": -1},
+    }
     return f"--trainer.callbacks+={json.dumps(callback)}"
 
 

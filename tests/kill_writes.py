@@ -34,8 +34,12 @@ MODES = ("torn", "after")
 def environment(log: Path, at: int, mode: str = "torn") -> dict[str, str]:
     """The variables that make a command's processes count their writes in `log` and die at write `at`."""
     assert mode in MODES, mode
-    return {"PYTHONPATH": f"{HOOK_FOLDER}{os.pathsep}{REPO}", "KILL_AT_WRITE": str(at),
-            "KILL_WRITES_LOG": str(log), "KILL_MODE": mode}  # fmt: skip
+    return {
+        "PYTHONPATH": f"{HOOK_FOLDER}{os.pathsep}{REPO}",
+        "KILL_AT_WRITE": str(at),
+        "KILL_WRITES_LOG": str(log),
+        "KILL_MODE": mode,
+    }
 
 
 def writes(log: Path) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 from project.active import labeled as labeled_set
 from project.data.samples import count_samples, read_samples
 from project.data.shard_index import INDEX_NAME, read_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 
 from .conftest import REPO, run_here, write_shards
 from .test_cli import assert_user_error
@@ -26,9 +26,19 @@ def keys_of(folder: Path) -> list[str]:
 
 
 def active_args(pool: Path, labeled: Path, run: Path, *extra: str) -> list[str]:
-    return [f"--pool={pool}", f"--labeled={labeled}", f"--run={run}", "--budget=20", "--initial=20",
-            f"--data.root={pool.parent}", "--data.image_size=16", "--data.batch_size=8", "--trainer.max_steps=8",
-            "--trainer.enable_progress_bar=false", *extra]  # fmt: skip
+    return [
+        f"--pool={pool}",
+        f"--labeled={labeled}",
+        f"--run={run}",
+        "--budget=20",
+        "--initial=20",
+        f"--data.root={pool.parent}",
+        "--data.image_size=16",
+        "--data.batch_size=8",
+        "--trainer.max_steps=8",
+        "--trainer.enable_progress_bar=false",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -135,16 +145,22 @@ labeled.append(folder, "round-0001.tar", samples)
 """
 
 
-@pytest.mark.parametrize("point", ["mid shard", "shard synced", "shard renamed", "before index rename",
-                                   "after index rename"])  # fmt: skip
+@pytest.mark.parametrize(
+    "point", ["mid shard", "shard synced", "shard renamed", "before index rename", "after index rename"]
+)
 def test_a_kill_during_the_append_leaves_the_index_before_or_after_it(point, tmp_path):
     pool = tmp_path / "pool"
     write_shards(pool, [6])
     folder = tmp_path / "labeled"
     labeled_set.start(folder, resolve_shards(str(pool)), resolve_shards(str(pool)))
     before = keys_of(folder)
-    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLER), point, str(folder)], cwd=REPO,
-                            capture_output=True, text=True, env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(KILLER), point, str(folder)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO)},
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     index = read_index(str(folder / INDEX_NAME))  # parses: never half written
     for shard in index.shards:

@@ -13,7 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.train import main as train
 
 from .conftest import REPO, run_module
@@ -34,8 +34,16 @@ def data(tmp_path_factory) -> tuple[Path, dict[str, list[str]]]:
 
 
 def train_args(root: Path, records: Path, *extra: str) -> list[str]:
-    return ["--config", str(REPO / "tests" / "regression.yaml"), f"--data.root={root}", "--data.num_workers=2",
-            "--trainer.max_epochs=3", *QUIET, recorder(records), *extra]  # fmt: skip
+    return [
+        "--config",
+        str(REPO / "tests" / "regression.yaml"),
+        f"--data.root={root}",
+        "--data.num_workers=2",
+        "--trainer.max_epochs=3",
+        *QUIET,
+        recorder(records),
+        *extra,
+    ]
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -61,8 +69,9 @@ def test_it_trains_and_resumes_exactly_mid_epoch(data, tmp_path, monkeypatch):
     run = tmp_path / "whole" / "logs" / "demo" / "version_0"
     events = EventAccumulator(str(run))
     events.Reload()
-    targets = [float(s["value"]) for shard in resolve_shards(str(root / "test")).shards
-               for s in read_samples(shard.url)]  # fmt: skip
+    targets = [
+        float(s["value"]) for shard in resolve_shards(str(root / "test")).shards for s in read_samples(shard.url)
+    ]
     assert events.Scalars("test/loss")[-1].value < 0.5 * np.var(targets), "no better than predicting the mean"
 
     monkeypatch.chdir(tmp_path / "resumed")  # from step 5: mid epoch 0, an odd count (the workers rotate)

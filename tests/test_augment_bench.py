@@ -47,14 +47,26 @@ def test_augment_cost_reports_every_size_before_and_after(tmp_path, monkeypatch)
         torch.set_num_threads(threads)
     results = json.loads(out.read_text())
     assert list(results) == [name for name, *_ in augment_cost.SIZES]
-    keys = {"decode_before_us", "decode_after_us", "augment_before_us", "augment_after_us", "naive_limit", "loader",
-            "loader_vs_naive", "augment_ratio"}  # fmt: skip
+    keys = {
+        "decode_before_us",
+        "decode_after_us",
+        "augment_before_us",
+        "augment_after_us",
+        "naive_limit",
+        "loader",
+        "loader_vs_naive",
+        "augment_ratio",
+    }
     for row in results.values():
         assert set(row) == keys and all(value > 0 for value in row.values())
         assert row["augment_ratio"] == pytest.approx(row["augment_after_us"] / row["augment_before_us"])
 
 
 def test_threads_bench_refuses_an_unknown_scenario_in_one_line():
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "threads.py"), "--scenarios", "default,nope"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "threads.py"), "--scenarios", "default,nope"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 2 and "unknown nope" in done.stderr and done.stdout == ""

@@ -8,27 +8,57 @@ import json
 
 import pytest
 
-from project.bench.loader import subset_index
-from project.bench.report import RATIO_KEYS, summarize, table
+from project.bench.images import subset_index
 from project.bench.run import main
-from project.data.shards import resolve_shards
+from project.bench.summary import RATIO_KEYS, summarize, table
+from project.data.specs import resolve_shards
 
 from .conftest import REPO, write_shards
 
 
 def test_ratios_are_quotients_of_the_medians_of_the_repeats():
-    runs = {"work_limit": [120, 90, 100], "decode": [100, 300, 200], "decode_cpu_us": [9, 10, 11],
-            "loader": [190, 180, 170], "loader_cpu_us": [12, 11, 13], "loader_1": [50, 60, 40],
-            "loader_2": [90, 100, 95], "imagefolder": [150, 170, 160], "rss_small_mb": [400], "rss_large_mb": [410],
-            "template": [97, 99, 98], "hand_loop": [100, 100, 101], "webdataset": [60, 90, 80],
-            "shuffle_entropy": [0.99, 0.97, 0.995]}  # fmt: skip
+    runs = {
+        "work_limit": [120, 90, 100],
+        "decode": [100, 300, 200],
+        "decode_cpu_us": [9, 10, 11],
+        "loader": [190, 180, 170],
+        "loader_cpu_us": [12, 11, 13],
+        "loader_1": [50, 60, 40],
+        "loader_2": [90, 100, 95],
+        "imagefolder": [150, 170, 160],
+        "rss_small_mb": [400],
+        "rss_large_mb": [410],
+        "template": [97, 99, 98],
+        "hand_loop": [100, 100, 101],
+        "webdataset": [60, 90, 80],
+        "shuffle_entropy": [0.99, 0.97, 0.995],
+    }
     settings = {"batch_size": 8, "image_size": 8, "augment": "none"}
-    result = summarize({"runs": runs, "workers": 2, "samples": 10, "rss_samples": [5, 40], "repeats": 3,
-                        "steps": 4, "data": "d", "settings": settings, "training_threads": 1})  # fmt: skip
-    assert result["ratios"] == pytest.approx({"loader_vs_work_limit": 1.8, "loader_vs_decode": 0.9,
-                                              "loader_vs_imagefolder": 180 / 160, "workers_2_vs_1": 1.9,
-                                              "rss_large_vs_small": 1.025, "template_vs_hand_loop": 0.98,
-                                              "peers": 180 / 80, "shuffle_entropy": 0.99})  # fmt: skip
+    result = summarize(
+        {
+            "runs": runs,
+            "workers": 2,
+            "samples": 10,
+            "rss_samples": [5, 40],
+            "repeats": 3,
+            "steps": 4,
+            "data": "d",
+            "settings": settings,
+            "training_threads": 1,
+        }
+    )
+    assert result["ratios"] == pytest.approx(
+        {
+            "loader_vs_work_limit": 1.8,
+            "loader_vs_decode": 0.9,
+            "loader_vs_imagefolder": 180 / 160,
+            "workers_2_vs_1": 1.9,
+            "rss_large_vs_small": 1.025,
+            "template_vs_hand_loop": 0.98,
+            "peers": 180 / 80,
+            "shuffle_entropy": 0.99,
+        }
+    )
     assert tuple(result["ratios"]) == RATIO_KEYS
     text = table(result)
     assert "| (a) work limit: torchvision decode + v2 preset | 2 processes | 100 samples/s |" in text
@@ -53,9 +83,22 @@ def test_bench_json_holds_every_figure_and_ratio(tiny_demo, capsys):
     assert set(result["ratios"]) == set(RATIO_KEYS)
     assert all(value > 0 for value in result["ratios"].values())
     assert 0 < result["ratios"]["shuffle_entropy"] <= 1.05
-    figures = ("work_limit", "decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2",
-               "imagefolder", "webdataset", "shuffle_entropy", "rss_small_mb", "rss_large_mb", "template",
-               "hand_loop")  # fmt: skip
+    figures = (
+        "work_limit",
+        "decode",
+        "decode_cpu_us",
+        "loader",
+        "loader_cpu_us",
+        "loader_1",
+        "loader_2",
+        "imagefolder",
+        "webdataset",
+        "shuffle_entropy",
+        "rss_small_mb",
+        "rss_large_mb",
+        "template",
+        "hand_loop",
+    )
     assert set(result["medians"]) == set(figures) and all(result["runs"][name] for name in figures)
     assert result["rss_samples"][1] == 8 * result["rss_samples"][0]
     assert any("ratio template_vs_hand_loop" in line for line in lines[:-1])
@@ -66,8 +109,26 @@ def test_gpu_bench_script_runs_on_a_cpu_with_a_small_model(capsys):
     spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu_bench.py")
     gpu_bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_bench)
-    args = ["--device", "cpu", "--model", "mobilenet_v3_small", "--precision", "32", "--batch-size", "2",
-            "--steps", "2", "--warmup", "1", "--image-size", "32", "--samples", "8", "--workers", "1"]  # fmt: skip
+    args = [
+        "--device",
+        "cpu",
+        "--model",
+        "mobilenet_v3_small",
+        "--precision",
+        "32",
+        "--batch-size",
+        "2",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--image-size",
+        "32",
+        "--samples",
+        "8",
+        "--workers",
+        "1",
+    ]
     results = gpu_bench.main(args)
     for run in ("decode_cpu", "decode_device"):
         assert results[run]["images_per_s"] > 0 and 0 <= results[run]["data_wait"] < 1

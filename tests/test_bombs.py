@@ -150,7 +150,7 @@ def test_decoding_every_bomb_adds_almost_nothing_to_the_process_peak(tmp_path):
 
 
 def test_inspect_counts_a_bomb_as_unreadable_instead_of_crashing(tmp_path):
-    from project.shards.tarwriter import FastTarWriter
+    from project.data.tarwriter import FastTarWriter
 
     from .conftest import run_here
 

@@ -64,8 +64,13 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
     test_acc = events.Scalars("test/acc")[-1].value
     assert f"run folder: logs{Path('/')}short{Path('/')}version_0" in result.stdout + result.stderr
 
-    evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}",
-                           "--split=test", "--trainer.enable_progress_bar=false", cwd=tmp_path)  # fmt: skip
+    evaluated = run_here(
+        "project.evaluate",
+        f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}",
+        "--split=test",
+        "--trainer.enable_progress_bar=false",
+        cwd=tmp_path,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert metrics["test/acc"] == pytest.approx(test_acc, abs=1e-6)
@@ -142,8 +147,13 @@ def test_a_bad_data_setting_stops_before_the_demo_is_built(tmp_path):
 
 
 def test_checkpointing_can_be_turned_off_from_the_command_line(tiny_demo, tmp_path):
-    args = small_run(tiny_demo, "--trainer.enable_checkpointing=false", "--trainer.max_epochs=1",
-                     "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")  # fmt: skip
+    args = small_run(
+        tiny_demo,
+        "--trainer.enable_checkpointing=false",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=1",
+    )
     result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "checkpointing off" in result.stderr and "test/acc" in result.stdout

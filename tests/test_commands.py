@@ -19,23 +19,49 @@ def review_csv(path: Path, rows: int = 40) -> Path:
     with open(path, "w", newline="") as stream:
         writer = csv.writer(stream)
         writer.writerow(["text", "label"])
-        writer.writerows([f"review number {i} was {'good' if i % 2 else 'bad'}", "pos" if i % 2 else "neg"]
-                         for i in range(rows))  # fmt: skip
+        writer.writerows(
+            [f"review number {i} was {'good' if i % 2 else 'bad'}", "pos" if i % 2 else "neg"] for i in range(rows)
+        )
     return path
 
 
 def test_the_old_spellings_still_work_each_with_one_note(tmp_path):
     source = review_csv(tmp_path / "reviews.csv")
-    old = run_here("project.data.prepare", str(source), "--out", "old", "--samples-per-shard", "8", "--text",
-                   "--dedup", "off", "--workers", "1", cwd=tmp_path)  # fmt: skip
+    old = run_here(
+        "project.data.prepare",
+        str(source),
+        "--out",
+        "old",
+        "--samples-per-shard",
+        "8",
+        "--text",
+        "--dedup",
+        "off",
+        "--workers",
+        "1",
+        cwd=tmp_path,
+    )
     assert old.returncode == 0, old.stderr[-2000:]
     notes = [line for line in old.stderr.splitlines() if line.startswith("note:")]
     assert notes == [
         "note: --samples-per-shard is spelled --samples_per_shard now; the old spelling goes in the next release",
         "note: --text alone is spelled --text true now; the old spelling goes in the next release",
     ]
-    new = run_here("project.shards.prepare", str(source), "--out", "new", "--samples_per_shard", "8", "--text",
-                   "true", "--dedup", "off", "--workers", "1", cwd=tmp_path)  # fmt: skip
+    new = run_here(
+        "project.shards.prepare",
+        str(source),
+        "--out",
+        "new",
+        "--samples_per_shard",
+        "8",
+        "--text",
+        "true",
+        "--dedup",
+        "off",
+        "--workers",
+        "1",
+        cwd=tmp_path,
+    )
     assert new.returncode == 0 and "note:" not in new.stderr, new.stderr[-2000:]
     shards = {run: sorted(p.read_bytes() for p in (tmp_path / run / "train").glob("*.tar")) for run in ("old", "new")}
     assert shards["old"] == shards["new"]
@@ -43,8 +69,17 @@ def test_the_old_spellings_still_work_each_with_one_note(tmp_path):
 
 def test_a_tool_prints_its_config_and_reads_it_back(tmp_path):
     source = review_csv(tmp_path / "reviews.csv")
-    printed = run_here("project.shards.prepare", str(source), "--out=from_flags", "--samples_per_shard=8",
-                       "--text=true", "--dedup=off", "--workers=1", "--print_config", cwd=tmp_path)  # fmt: skip
+    printed = run_here(
+        "project.shards.prepare",
+        str(source),
+        "--out=from_flags",
+        "--samples_per_shard=8",
+        "--text=true",
+        "--dedup=off",
+        "--workers=1",
+        "--print_config",
+        cwd=tmp_path,
+    )
     assert printed.returncode == 0, printed.stderr[-2000:]
     config = yaml.safe_load(printed.stdout)
     assert config["samples_per_shard"] == 8 and config["text"] is True and config["out"] == "from_flags"
@@ -56,21 +91,29 @@ def test_a_tool_prints_its_config_and_reads_it_back(tmp_path):
 
 
 def test_a_training_tool_keeps_its_options_and_passes_the_rest_to_its_runs():
-    from project.tune import options
+    from project.tune.run import options
 
-    given, rest = parse_tool_arguments(options, "project.tune", ["--n-trials", "3", "--config", "my.yaml",
-                                       "--model.lr=0.1", "--backend=ray", "--data.root", "d"])  # fmt: skip
+    given, rest = parse_tool_arguments(
+        options,
+        "project.tune",
+        ["--n-trials", "3", "--config", "my.yaml", "--model.lr=0.1", "--backend=ray", "--data.root", "d"],
+    )
     assert given["n_trials"] == 3 and given["backend"] == "ray"
     assert rest == ["--config", "my.yaml", "--model.lr=0.1", "--data.root", "d"]
 
 
 def test_lists_and_renamed_flags_of_the_release_before():
-    spellings = Spellings(lists=("--quantize",), renamed={"--no-verify-images": "--verify_images=false"},
-                          positional_list=True)  # fmt: skip
+    spellings = Spellings(
+        lists=("--quantize",), renamed={"--no-verify-images": "--verify_images=false"}, positional_list=True
+    )
     args = ["a", "b", "--quantize", "static-int8", "dynamic-int8", "--no-verify-images", "--out", "x"]
     assert modernized(args, {"--quantize", "--out", "--verify_images"}, spellings) == [
-        '["a", "b"]', '--quantize=["static-int8", "dynamic-int8"]', "--verify_images=false", "--out", "x",
-    ]  # fmt: skip
+        '["a", "b"]',
+        '--quantize=["static-int8", "dynamic-int8"]',
+        "--verify_images=false",
+        "--out",
+        "x",
+    ]
 
 
 @pytest.mark.parametrize(

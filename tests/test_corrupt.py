@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from project.data.health import SkipLedger
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import ShardError
 
@@ -56,8 +56,7 @@ def corrupt_split(tmp_path) -> tuple[Path, list[str], set[str]]:
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_each_unreadable_sample_is_skipped_and_counted_once(corrupt_split, num_workers):
     folder, keys, bad = corrupt_split
-    stream = ShardStream(resolve_shards(str(folder)).shards, image_task(), stage="val", batch_size=4,
-                         skip_corrupt=True)  # fmt: skip
+    stream = ShardStream(resolve_shards(str(folder)).shards, image_task(), stage="val", batch_size=4, skip_corrupt=True)
     batches = epoch_batches(stream, num_workers)
     seen = [key for batch in batches for key in batch.keys]
     skipped = [entry for batch in batches for entry in batch.skipped]

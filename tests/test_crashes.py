@@ -108,8 +108,15 @@ def start(folder: Path, args: list[str]) -> subprocess.Popen:
     folder.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     command = [sys.executable, "-m", "project.train", *args]
-    return subprocess.Popen(command, cwd=folder, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=open(folder / "stderr.txt", "w"), start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        command,
+        cwd=folder,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=open(folder / "stderr.txt", "w"),
+        start_new_session=True,
+    )
 
 
 def wait_for(process: subprocess.Popen, pattern: str, limit: float = 240) -> re.Match | None:
@@ -284,8 +291,10 @@ def test_a_killed_worker_stops_the_run_in_seconds_with_one_line_and_last_continu
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert returncode == 2 and "Traceback" not in stderr and len(errors) == 1, stderr[-3000:]
     assert errors[0].startswith(f"error: a data-loading worker died (pid {found.group(1)}, killed by SIGKILL)")
-    assert all(words in errors[0] for words in ("out-of-memory", "data.shuffle_buffer", "data.num_workers",
-                                                "--ckpt_path last continues"))  # fmt: skip
+    assert all(
+        words in errors[0]
+        for words in ("out-of-memory", "data.shuffle_buffer", "data.num_workers", "--ckpt_path last continues")
+    )
 
     # the checkpoint holds the last step that finished: the batch that could not be fetched never started
     step = max(int(line.split()[1]) for line in lines if line.startswith("STEP"))

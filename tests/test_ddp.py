@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.tasks.image.demo import make_demo
 
 from .conftest import REPO, run_here, run_module
@@ -53,8 +53,9 @@ def ddp_args(data: Path) -> list[str]:
 def ddp_run(data, tmp_path_factory):
     """One 2-process DDP training run through the CLI, with step checkpoints every 5 steps."""
     cwd = tmp_path_factory.mktemp("ddprun")
-    result = run_module("project.train", *ddp_args(data), recorder(cwd / "records"), step_checkpoints(cwd / "steps", 5),
-                        cwd=cwd)  # fmt: skip
+    result = run_module(
+        "project.train", *ddp_args(data), recorder(cwd / "records"), step_checkpoints(cwd / "steps", 5), cwd=cwd
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return cwd, result, load_records(cwd / "records")
 

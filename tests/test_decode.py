@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from project.data.loader import EpochLoader
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import DecodeError
 from project.tasks.image import decode

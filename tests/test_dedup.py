@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from project.data.parallel import Pool
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.errors import UserError
 from project.shards import duplicates
 from project.shards.dedup import (
@@ -28,7 +29,6 @@ from project.shards.dedup import (
 )
 from project.shards.duplicates import deduplicate, hash_records
 from project.shards.matching import groups, minhash_pairs, phash_pairs, popcount
-from project.shards.parallel import Pool
 from project.shards.prepare import prepare
 from project.shards.records import Record, sanitize_key
 
@@ -133,8 +133,9 @@ def test_the_search_needs_no_memory_beyond_its_chunk_and_a_few_bytes_a_sample():
         centres = rng.integers(0, 2**63, n // 4, dtype=np.uint64)
         phash = np.repeat(centres, 4) ^ rng.integers(0, 8, n, dtype=np.uint64)
         thumbs = np.repeat(rng.integers(0, 255, (n // 4, 8, 8, 3), dtype=np.uint8), 4, axis=0)  # one per cluster
-        hashes = Hashes(rng.integers(0, 2**63, (n, 2), dtype=np.uint64), np.ones(n, np.int64), phash,
-                        np.ones(n, bool), thumbs)  # fmt: skip
+        hashes = Hashes(
+            rng.integers(0, 2**63, (n, 2), dtype=np.uint64), np.ones(n, np.int64), phash, np.ones(n, bool), thumbs
+        )
         tracemalloc.start()
         labels = groups(hashes, DEFAULT_NEAR_DISTANCE)
         used = tracemalloc.get_traced_memory()[1]
@@ -185,9 +186,15 @@ def test_exact_is_the_default_and_keeps_near_copies(planted, tmp_path):
     root, truth = planted
     result = prepare(str(root), tmp_path / "out", workers=1, quiet=True)
     assert result.duplicates == 40  # each original's byte-for-byte copy, and nothing else
-    assert result.dedup_lines[0] == "dedup exact: removed 40 duplicates of 40 samples (" + ", ".join(
-        f"{split} {sum(row['split'] == split and row['kept'] == 'False' for row in _rows(tmp_path / 'out'))}"
-        for split in ("train", "val", "test")) + ")"  # fmt: skip
+    assert (
+        result.dedup_lines[0]
+        == "dedup exact: removed 40 duplicates of 40 samples ("
+        + ", ".join(
+            f"{split} {sum(row['split'] == split and row['kept'] == 'False' for row in _rows(tmp_path / 'out'))}"
+            for split in ("train", "val", "test")
+        )
+        + ")"
+    )
     unique = prepare(str(root), tmp_path / "unique", workers=1, quiet=True, dedup="exact", test_fraction=0.5)
     assert unique.dedup_lines[0].startswith("dedup exact: removed 40")  # another split, the same groups
     off = prepare(str(root), tmp_path / "off", workers=1, quiet=True, dedup="off")
@@ -325,8 +332,14 @@ def test_leakage_of_texts_counts_exact_and_near_copies_once():
         return Hashed([f"k{i}" for i in range(len(texts))], True, hasher.result())
 
     train = hashed(["The staff were lovely and the food was great", "A quiet place with a view of the sea"])
-    test = hashed(["A quiet place with a view of the sea", "the STAFF were lovely  and the food was GREAT",
-                   "the STAFF were lovely  and the food was GREAT", "Nothing like any other text in here"])  # fmt: skip
+    test = hashed(
+        [
+            "A quiet place with a view of the sea",
+            "the STAFF were lovely  and the food was GREAT",
+            "the STAFF were lovely  and the food was GREAT",
+            "Nothing like any other text in here",
+        ]
+    )
     found = leaks(train, test, "test", DEFAULT_NEAR_DISTANCE, 0.8)
     assert (found.exact, found.near, found.total) == ([0], [1, 2], 3)
     assert found.line() == "test: 3 of 4 samples duplicate train samples (1 exact, 2 near)"

@@ -7,7 +7,7 @@ import json
 
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.tasks.image.demo import CLASSES, SPLITS, demo_is_complete, make_demo
 
 

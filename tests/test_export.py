@@ -51,10 +51,19 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("export")
     for split, count, seed in (("train", 512, 0), ("val", 64, 1), ("test", 128, 2)):
         write_colour_shards(folder / "data" / split, count, seed)
-    args = ["--config", str(REPO / "configs" / "callbacks" / "prune.yaml"), f"--data.root={folder / 'data'}",
-            "--data.image_size=16", "--data.batch_size=32", "--data.num_workers=0", "--model.width=8",
-            "--trainer.max_epochs=2", "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false"]  # fmt: skip
+    args = [
+        "--config",
+        str(REPO / "configs" / "callbacks" / "prune.yaml"),
+        f"--data.root={folder / 'data'}",
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--model.width=8",
+        "--trainer.max_epochs=2",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
     result = run_here("project.train", *args, cwd=folder)
     assert result.returncode == 0, result.stderr[-3000:]
     return folder / "logs" / "demo" / "version_0"

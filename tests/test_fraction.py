@@ -51,8 +51,12 @@ def test_the_plan_on_a_fraction_stays_equal_per_rank(counts, fraction, world_siz
     kept = fraction_counts(counts, fraction)
     if sum(kept) < world_size * batch_size:
         return  # planning refuses this (tested in test_plan.py)
-    ranks = [train_plan(kept, epoch=1, seed=3, world_size=world_size, rank=rank, num_workers=num_workers,
-                        batch_size=batch_size) for rank in range(world_size)]  # fmt: skip
+    ranks = [
+        train_plan(
+            kept, epoch=1, seed=3, world_size=world_size, rank=rank, num_workers=num_workers, batch_size=batch_size
+        )
+        for rank in range(world_size)
+    ]
     assert len({total_batches(plans) for plans in ranks}) == 1
     read = [(s.shard, i) for plans in ranks for plan in plans for s in plan.segments for i in range(s.start, s.stop)]
     assert len(read) == len(set(read)) == total_batches(ranks[0]) * world_size * batch_size
@@ -69,8 +73,9 @@ def test_a_fraction_outside_zero_to_one_is_a_user_error(fraction):
 
 def read_split(folder, split: str, fraction: float, seed: int = 0) -> list[list[str]]:
     """The keys of every batch of one epoch of `split`, and check no batch skipped a sample."""
-    module = ImageShards(root=str(folder), batch_size=5, num_workers=0, image_size=8, seed=seed,
-                             fraction=fraction, augment="none")  # fmt: skip
+    module = ImageShards(
+        root=str(folder), batch_size=5, num_workers=0, image_size=8, seed=seed, fraction=fraction, augment="none"
+    )
     loader = module.train_dataloader() if split == "train" else module.val_dataloader()
     batches = list(loader)
     assert len(batches) == len(loader)
@@ -99,10 +104,19 @@ def test_the_data_module_trains_on_a_nested_seed_independent_prefix_and_keeps_va
 
 @pytest.mark.slow
 def test_scaling_trains_each_fraction_and_writes_a_csv_and_a_plot(tiny_demo, tmp_path):
-    args = ["--fractions=0.5,0.25", f"--data.root={tiny_demo}", "--data.image_size=16", "--data.batch_size=32",
-            "--data.num_workers=0", "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
-            "--trainer.num_sanity_val_steps=0", "--trainer.limit_test_batches=2", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false"]  # fmt: skip
+    args = [
+        "--fractions=0.5,0.25",
+        f"--data.root={tiny_demo}",
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_val_batches=1",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.limit_test_batches=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
     result = run_here("project.scaling", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     folder = tmp_path / "logs" / "demo-scaling"
@@ -110,7 +124,9 @@ def test_scaling_trains_each_fraction_and_writes_a_csv_and_a_plot(tiny_demo, tmp
     with (folder / "scaling.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert [(row["fraction"], row["train_samples"], row["steps"]) for row in rows] == [
-        ("0.25", "150", "4"), ("0.5", "300", "9")]  # fmt: skip
+        ("0.25", "150", "4"),
+        ("0.5", "300", "9"),
+    ]
     assert all(0 <= float(row["test/acc"]) <= 1 and float(row["fit_seconds"]) > 0 for row in rows)
     for row in rows:
         assert (tmp_path / row["run_folder"] / "checkpoints" / "best.ckpt").is_file()

@@ -120,8 +120,13 @@ def runs(tmp_path_factory) -> Path:
 
 
 @seed(int(SEED or 0))
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=SEED is None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=SEED is None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(case=st.one_of(tar_cases(), tar_cases(), tar_cases(), NON_TAR))
 def test_a_hostile_shard_is_read_or_stops_with_one_line(case, runs):
     folder = runs / f"case{STATS['cases']}"

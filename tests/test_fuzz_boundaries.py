@@ -15,7 +15,7 @@ the real entry points (docs/DESIGN.md, "Threat model: untrusted by default"):
   reason naming its key), labels are in range, and a strict stream stops in one line where a skipping one
   skips.
 - the CSV/JSONL listings of `prepare` (images and texts): is_text, load / load_text, and prepare itself
-  (workers=1 runs in this process: project/shards/parallel.py maps in place), whose indexes must count what
+  (workers=1 runs in this process: project/data/parallel.py maps in place), whose indexes must count what
   their shards hold. Cases: fields over 128 KiB, NUL bytes, bad quoting, BOMs, non-UTF-8 bytes, JSON lines
   that are no objects or nest 100,000 deep, paths that are no strings or hold line breaks, huge and negative
   labels, missing, repeated and odd columns.
@@ -63,7 +63,7 @@ from project.active.oracle import read_answers
 from project.data.remote import is_remote
 from project.data.samples import count_samples, read_samples
 from project.data.shard_index import INDEX_NAME, INDEX_SCHEMES, MAX_INDEX_BYTES, MAX_SHARD_SAMPLES, Shard, read_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import UserError
 from project.shards.prepare import prepare
@@ -108,8 +108,12 @@ BOUNDARIES = ("index", "member", "listing", "oracle")
 DEFAULT_EXAMPLES = {"index": 150, "member": 80, "listing": 140, "oracle": 250}
 # tracemalloc's peak of one case: read_index asks for a buffer of MAX_INDEX_BYTES + 1 (the file's bytes are
 # read with one read() call; untouched pages of a mmap, but tracemalloc counts them), whatever the file's size
-MEMORY_BOUNDS = {"index": MAX_INDEX_BYTES + MEMORY_BOUND // 2, "member": MEMORY_BOUND, "listing": MEMORY_BOUND,
-                 "oracle": MEMORY_BOUND}  # fmt: skip
+MEMORY_BOUNDS = {
+    "index": MAX_INDEX_BYTES + MEMORY_BOUND // 2,
+    "member": MEMORY_BOUND,
+    "listing": MEMORY_BOUND,
+    "oracle": MEMORY_BOUND,
+}
 CSV_FIELD_LIMIT = 128 << 10  # csv.field_size_limit() of a fresh process (text_sources raises it for good)
 STATS: dict = {b: {"cases": 0, "outcomes": Counter(), "peak_bytes": 0, "max_seconds": 0.0} for b in BOUNDARIES}
 STATS["corpus"] = Counter()
@@ -121,9 +125,13 @@ def examples(boundary: str) -> int:
 
 def fuzz_settings(boundary: str):
     def decorate(test):
-        test = settings(max_examples=examples(boundary), deadline=None, derandomize=SEED is None, database=None,
-                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                               HealthCheck.large_base_example])(test)  # fmt: skip
+        test = settings(
+            max_examples=examples(boundary),
+            deadline=None,
+            derandomize=SEED is None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+        )(test)
         return seed(int(SEED or 0))(test)
 
     return decorate
@@ -135,8 +143,14 @@ class Broken(Exception):
 
 
 def known_bug(boundary: str, failure: str) -> str | None:
-    return next((name for name, bug in KNOWN_BUGS.items()
-                 if bug.boundary == boundary and re.search(bug.signature, failure, re.DOTALL)), None)  # fmt: skip
+    return next(
+        (
+            name
+            for name, bug in KNOWN_BUGS.items()
+            if bug.boundary == boundary and re.search(bug.signature, failure, re.DOTALL)
+        ),
+        None,
+    )
 
 
 def one_line(text: str) -> bool:
@@ -198,8 +212,13 @@ def fuzzed(boundary: str, case: bytes, folder: Path, params: dict, **kwargs) -> 
         if name is None and not os.environ.get("FUZZ_COLLECT"):
             raise
         if name is None:  # a sweep for more than one new bug: noted with the case's files, and counted
-            noted = {"boundary": boundary, "failure": str(broken)[:3000], "folder": str(folder), "params": params,
-                     "case": case[:3000].decode("latin-1")}  # fmt: skip
+            noted = {
+                "boundary": boundary,
+                "failure": str(broken)[:3000],
+                "folder": str(folder),
+                "params": params,
+                "case": case[:3000].decode("latin-1"),
+            }
             with open(os.environ["FUZZ_COLLECT"], "a") as notes:
                 notes.write(json.dumps(noted) + "\n")
             name = "NEW"
@@ -219,8 +238,11 @@ def with_folder(data: bytes, folder: Path) -> bytes:
 # -- hostile values shared by the boundaries ---------------------------------------------------------------
 
 JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(), st.floats(), st.text(max_size=8))
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)  # fmt: skip
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 DEEP = 100_000
 # JSON strings that stand for what json.dumps cannot write, or writes too slowly for a strategy
 PLACEHOLDERS = {
@@ -321,11 +343,26 @@ CLASS_LISTS = st.one_of(
     st.sampled_from(["@CLASSES100001@", "@CLASSES100000@", "@DEEP@", ["x" * 100_000], ["a\nb"]]),
     JSON_VALUES,
 )
-TOKENIZER_FILES = st.sampled_from(["tokenizer.json", "../tokenizer.json", "/etc/hostname", "", ".", "..",
-                                   "a/b.json", "\x00", "t\nx.json", "~", "x" * 5000])  # fmt: skip
-TOKENIZERS = st.one_of(st.fixed_dictionaries({"file": TOKENIZER_FILES}),
-                       st.fixed_dictionaries({"file": TOKENIZER_FILES | JSON_VALUES}, optional={"sha256": JSON_VALUES}),
-                       JSON_VALUES)  # fmt: skip
+TOKENIZER_FILES = st.sampled_from(
+    [
+        "tokenizer.json",
+        "../tokenizer.json",
+        "/etc/hostname",
+        "",
+        ".",
+        "..",
+        "a/b.json",
+        "\x00",
+        "t\nx.json",
+        "~",
+        "x" * 5000,
+    ]
+)
+TOKENIZERS = st.one_of(
+    st.fixed_dictionaries({"file": TOKENIZER_FILES}),
+    st.fixed_dictionaries({"file": TOKENIZER_FILES | JSON_VALUES}, optional={"sha256": JSON_VALUES}),
+    JSON_VALUES,
+)
 
 
 @st.composite
@@ -351,10 +388,20 @@ def index_documents(draw) -> bytes:
         shardlist = draw(st.lists(index_entries() | JSON_VALUES, max_size=3))
     else:
         shardlist = draw(JSON_VALUES | st.sampled_from(["@DEEP@", "@MANY@", "@MANY@"]))
-    document = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "train", "shardlist": shardlist,
-                "classes": list(CLASSES)}  # fmt: skip
-    for key, values in (("__kind__", JSON_VALUES), ("wids_version", JSON_VALUES), ("name", NAMES),
-                        ("classes", CLASS_LISTS), ("tokenizer", TOKENIZERS)):  # fmt: skip
+    document = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": "train",
+        "shardlist": shardlist,
+        "classes": list(CLASSES),
+    }
+    for key, values in (
+        ("__kind__", JSON_VALUES),
+        ("wids_version", JSON_VALUES),
+        ("name", NAMES),
+        ("classes", CLASS_LISTS),
+        ("tokenizer", TOKENIZERS),
+    ):
         choice = draw(st.sampled_from(["keep", "keep", "keep", "keep", "hostile", "drop"]))
         if choice == "hostile":
             document[key] = draw(values)
@@ -387,9 +434,12 @@ def index_case(data: bytes, folder: Path, params: dict) -> dict:
 
     def body() -> dict:
         outcome = {}
-        for step, call in (("read", lambda: read_index(path)), ("unchecked", lambda: read_index(path, False)),
-                           ("glob", lambda: resolve_shards(str(folder / "*.tar"))),
-                           ("resolve", lambda: resolve_shards(str(folder)))):  # fmt: skip
+        for step, call in (
+            ("read", lambda: read_index(path)),
+            ("unchecked", lambda: read_index(path, False)),
+            ("glob", lambda: resolve_shards(str(folder / "*.tar"))),
+            ("resolve", lambda: resolve_shards(str(folder))),
+        ):
             index, stopped = attempt(call)
             outcome[step] = stopped or check_index(index)
         if index is None:
@@ -432,20 +482,69 @@ class Pickled:
 
 
 PICKLE = pickle.dumps(Pickled())
-VALID_IMAGES = {"jpg": jpeg(1), "jpeg": jpeg(2), "png": picture("PNG"), "webp": picture("WEBP"),
-                "npy": npy(np.zeros((8, 8, 3), np.uint8))}  # fmt: skip
-OTHER_IMAGES = [picture("GIF"), picture("BMP"), picture("PNG", "I;16"), picture("PNG", "P"), picture("PNG", "RGBA"),
-                picture("PNG", "1"), picture("TIFF"), picture("JPEG", "CMYK"), picture("JPEG", "L"), jpeg(3, size=1),
-                picture("PNG", size=1), jpeg_bomb(), png_bomb(), webp_bomb(), lying_npy((10**13,)),
-                lying_npy((30_000, 30_000)), b"GIF89a\xff\xff\xff\xff" + bytes(20), b"", bytes(1000)]  # fmt: skip
-ARRAYS = [np.zeros((8, 8), np.uint8), np.full((8, 8, 3), np.nan, np.float32), np.arange(192, dtype=np.int64) - 99,
-          np.ones((8, 8), bool), np.zeros((8, 8, 4), np.uint8), np.zeros((8, 8, 1), np.uint8),
-          np.zeros((8, 8, 2), np.uint8), np.zeros((2, 2, 2, 2), np.uint8), np.zeros((8, 8), ">u2"),
-          np.zeros((8, 8), np.complex64), np.zeros((0,), np.uint8), np.zeros((), np.uint8),
-          np.zeros((8, 0, 3), np.uint8), np.asfortranarray(np.zeros((8, 8, 3), np.uint8)),
-          np.zeros((8, 8), [("a", "u1")]), np.full((8, 8, 3), 1e30, np.float64)]  # fmt: skip
-NPY_DESCRS = ["'|u1'", "'<f4'", "'|b1'", "'>u2'", "'<c16'", "'|O'", "'<U4'", "'|V0'", "'|V3'", "[('a', '<i4')]",
-              "[('a', '|O')]", "'<M8[s]'", "'xyz'", "1", "None"]  # fmt: skip
+VALID_IMAGES = {
+    "jpg": jpeg(1),
+    "jpeg": jpeg(2),
+    "png": picture("PNG"),
+    "webp": picture("WEBP"),
+    "npy": npy(np.zeros((8, 8, 3), np.uint8)),
+}
+OTHER_IMAGES = [
+    picture("GIF"),
+    picture("BMP"),
+    picture("PNG", "I;16"),
+    picture("PNG", "P"),
+    picture("PNG", "RGBA"),
+    picture("PNG", "1"),
+    picture("TIFF"),
+    picture("JPEG", "CMYK"),
+    picture("JPEG", "L"),
+    jpeg(3, size=1),
+    picture("PNG", size=1),
+    jpeg_bomb(),
+    png_bomb(),
+    webp_bomb(),
+    lying_npy((10**13,)),
+    lying_npy((30_000, 30_000)),
+    b"GIF89a\xff\xff\xff\xff" + bytes(20),
+    b"",
+    bytes(1000),
+]
+ARRAYS = [
+    np.zeros((8, 8), np.uint8),
+    np.full((8, 8, 3), np.nan, np.float32),
+    np.arange(192, dtype=np.int64) - 99,
+    np.ones((8, 8), bool),
+    np.zeros((8, 8, 4), np.uint8),
+    np.zeros((8, 8, 1), np.uint8),
+    np.zeros((8, 8, 2), np.uint8),
+    np.zeros((2, 2, 2, 2), np.uint8),
+    np.zeros((8, 8), ">u2"),
+    np.zeros((8, 8), np.complex64),
+    np.zeros((0,), np.uint8),
+    np.zeros((), np.uint8),
+    np.zeros((8, 0, 3), np.uint8),
+    np.asfortranarray(np.zeros((8, 8, 3), np.uint8)),
+    np.zeros((8, 8), [("a", "u1")]),
+    np.full((8, 8, 3), 1e30, np.float64),
+]
+NPY_DESCRS = [
+    "'|u1'",
+    "'<f4'",
+    "'|b1'",
+    "'>u2'",
+    "'<c16'",
+    "'|O'",
+    "'<U4'",
+    "'|V0'",
+    "'|V3'",
+    "[('a', '<i4')]",
+    "[('a', '|O')]",
+    "'<M8[s]'",
+    "'xyz'",
+    "1",
+    "None",
+]
 # fmt: off
 NPY_SHAPES = st.one_of(
     st.lists(st.integers(-3, 20), max_size=4).map(lambda shape: repr(tuple(shape))),
@@ -473,8 +572,9 @@ def npy_headers(draw) -> bytes:
 
 
 def damaged(valid: bytes) -> st.SearchStrategy[bytes]:
-    return st.one_of(st.integers(0, len(valid)).map(lambda n: valid[:n]), mutated(valid),
-                     st.just(valid + b"trailing junk"))  # fmt: skip
+    return st.one_of(
+        st.integers(0, len(valid)).map(lambda n: valid[:n]), mutated(valid), st.just(valid + b"trailing junk")
+    )
 
 
 def image_member(extension: str) -> st.SearchStrategy[bytes]:
@@ -625,9 +725,20 @@ def gif_bomb() -> bytes:
     return bytes(data)
 
 
-LISTED_FILES = {"a.jpg": jpeg(1), "b.png": picture("PNG"), "c.webp": picture("WEBP"), "d.gif": picture("GIF"),
-                "e.bmp": picture("BMP"), "sub/f.jpg": jpeg(5), "bomb.png": png_bomb(), "bomb.gif": gif_bomb(),
-                "junk.jpg": b"not a jpeg", "junk.bmp": b"not a bmp", "empty.jpg": b"", "a_jpg": jpeg(7)}  # fmt: skip
+LISTED_FILES = {
+    "a.jpg": jpeg(1),
+    "b.png": picture("PNG"),
+    "c.webp": picture("WEBP"),
+    "d.gif": picture("GIF"),
+    "e.bmp": picture("BMP"),
+    "sub/f.jpg": jpeg(5),
+    "bomb.png": png_bomb(),
+    "bomb.gif": gif_bomb(),
+    "junk.jpg": b"not a jpeg",
+    "junk.bmp": b"not a bmp",
+    "empty.jpg": b"",
+    "a_jpg": jpeg(7),
+}
 BIG_FIELD = "x" * (CSV_FIELD_LIMIT + 10)
 # fmt: off
 LISTED_PATHS = st.one_of(
@@ -641,8 +752,9 @@ LISTED_PATHS = st.one_of(
 TEXT_VALUES = st.sampled_from(
     [t.decode() for t in GOOD_TEXTS] + ["", " ", "\n", 'say "hi", then go', "x" * 200_000, "\ud800 lone", "\udcff"]
 ) | st.text(max_size=20)
-KEY_VALUES = st.one_of(st.sampled_from(["k1", "k1", "k2", "", " ", "a/b", "../k", "k\n1", "K1", "x" * 300]),
-                       st.text(max_size=6))  # fmt: skip
+KEY_VALUES = st.one_of(
+    st.sampled_from(["k1", "k1", "k2", "", " ", "a/b", "../k", "k\n1", "K1", "x" * 300]), st.text(max_size=6)
+)
 COLUMNS = {"path": LISTED_PATHS, "label": LABEL_TEXTS, "text": TEXT_VALUES, "key": KEY_VALUES, "id": KEY_VALUES}
 LISTING_NAMES = ["listing.csv", "listing.jsonl", "listing.json", "listing.CSV"]
 
@@ -692,8 +804,14 @@ def jsonl_listings(draw, text: bool) -> bytes:
         kind = draw(st.sampled_from(["object"] * 6 + ["value", "raw", "blank", "deep"]))
         if kind == "object":
             columns = draw(listing_columns(text))
-            record = {column: draw(COLUMNS.get(column, JSON_VALUES) | JSON_VALUES if draw(st.integers(0, 3)) == 0
-                                   else COLUMNS.get(column, JSON_VALUES)) for column in columns}  # fmt: skip
+            record = {
+                column: draw(
+                    COLUMNS.get(column, JSON_VALUES) | JSON_VALUES
+                    if draw(st.integers(0, 3)) == 0
+                    else COLUMNS.get(column, JSON_VALUES)
+                )
+                for column in columns
+            }
             if "label" in record and draw(st.integers(0, 4)) == 0:
                 record["label"] = draw(st.sampled_from([10**30, -1, 9_999, 100_000, 1.5, True, "@HUGEINT@"]))
             lines.append(dumps(record, ascii_only=draw(st.booleans())))
@@ -745,8 +863,9 @@ def listing_case(data: bytes, folder: Path, params: dict) -> dict:
                 check_records(*loaded)
         outcome["read"] = stopped or f"{len(loaded[0])} records"
         out = folder / "out"
-        result, stopped = attempt(lambda: prepare(source, out, samples_per_shard=2, workers=1, quiet=True,
-                                                  text=text, dedup="off"))  # fmt: skip
+        result, stopped = attempt(
+            lambda: prepare(source, out, samples_per_shard=2, workers=1, quiet=True, text=text, dedup="off")
+        )
         if result is not None:
             assert all(one_line(line) for line in result.skipped), result.skipped
             written = 0
@@ -771,8 +890,9 @@ def listing_case(data: bytes, folder: Path, params: dict) -> dict:
 
 ORACLE_CLASSES = [list(CLASSES), ["Cat", "cat", "dog"], [str(i) for i in range(12)], ["", "a"], ["1", "0"]]
 ASKED = ["k0", "k1", "k2", "k 3", "k\n4"]
-ORACLE_KEYS = st.one_of(st.sampled_from(ASKED), st.sampled_from([*ASKED, "K0", " k0 ", "k9", "", "k0\x00", BIG_FIELD]),
-                        st.text(max_size=4))  # fmt: skip
+ORACLE_KEYS = st.one_of(
+    st.sampled_from(ASKED), st.sampled_from([*ASKED, "K0", " k0 ", "k9", "", "k0\x00", BIG_FIELD]), st.text(max_size=4)
+)
 # fmt: off
 ORACLE_LABELS = st.one_of(
     st.sampled_from(["zero", "one", "two", "Cat", "dog", "0", "1", "2"]),
@@ -789,15 +909,21 @@ ODD_HEADERS = [
     ["key", "key", "label"],
     ["k\ney", "label"],
     [],
-]  # fmt: skip
+]
 
 
 @st.composite
 def answer_files(draw) -> tuple[bytes, dict]:
     shape = draw(st.integers(0, 5))  # mostly the request's own header
-    header = ["key", "label"] if shape < 4 else draw(st.sampled_from(ODD_HEADERS) if shape == 4 else
-                                                     st.lists(st.sampled_from(["key", "label", "text", "x", ""]),
-                                                              max_size=3))  # fmt: skip
+    header = (
+        ["key", "label"]
+        if shape < 4
+        else draw(
+            st.sampled_from(ODD_HEADERS)
+            if shape == 4
+            else st.lists(st.sampled_from(["key", "label", "text", "x", ""]), max_size=3)
+        )
+    )
     classes = draw(st.sampled_from(ORACLE_CLASSES))
     labels = st.sampled_from(classes + [str(index) for index in range(len(classes))]) | ORACLE_LABELS
     order = draw(st.permutations(ASKED))  # mostly each asked key once, as the request lists them
@@ -854,8 +980,13 @@ def tasks(tmp_path_factory) -> dict:
     write_csv(root / "reviews.csv", samples=120, seed=0)
     prepare(str(root / "reviews.csv"), root, samples_per_shard=100, workers=1, quiet=True, text=True, dedup="off")
     train_tokenizer(root, vocab_size=300, quiet=True)
-    text = TextShards(root=None, tokenizer=str(root / "train" / "tokenizer.json"), classes=list(TEXT_CLASSES),
-                      max_tokens=32, num_workers=0)  # fmt: skip
+    text = TextShards(
+        root=None,
+        tokenizer=str(root / "train" / "tokenizer.json"),
+        classes=list(TEXT_CLASSES),
+        max_tokens=32,
+        num_workers=0,
+    )
     text.tokenizer, text.vocab_size, text.pad_id  # noqa: B018 - loaded once, outside the cases' bounds
     return {"image": IMAGE_TASK, "text": text}
 
@@ -863,8 +994,11 @@ def tasks(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module", autouse=True)
 def report():
     yield
-    summary = {name: {**stats, "outcomes": dict(sorted(stats["outcomes"].items()))}
-               for name, stats in STATS.items() if name != "corpus"}  # fmt: skip
+    summary = {
+        name: {**stats, "outcomes": dict(sorted(stats["outcomes"].items()))}
+        for name, stats in STATS.items()
+        if name != "corpus"
+    }
     summary["corpus"] = dict(sorted(STATS["corpus"].items()))
     print(f"\nfuzz boundaries: {json.dumps(summary, indent=1)}")
     write_report({"boundaries": summary})
@@ -960,6 +1094,13 @@ def test_the_probes_are_live_a_process_start_and_a_write_outside_are_caught(star
         (folder / "inside.txt").write_text("y")
         os.mkdir(tmp_path / "outside")
         os.rename(folder / "inside.txt", tmp_path / "moved.txt")
-    assert RUN.writes == [f"open {tmp_path / 'outside.txt'}", f"os.mkdir {tmp_path / 'outside'}",
-                          f"os.rename {tmp_path / 'moved.txt'}"] and not RUN.processes  # fmt: skip
+    assert (
+        RUN.writes
+        == [
+            f"open {tmp_path / 'outside.txt'}",
+            f"os.mkdir {tmp_path / 'outside'}",
+            f"os.rename {tmp_path / 'moved.txt'}",
+        ]
+        and not RUN.processes
+    )
     assert len(breaches()) == 3

@@ -60,8 +60,9 @@ def killed(module: str, args: list[str], cwd: Path, log: Path, at: int, mode: st
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **environment(log, at, mode)}
     cwd.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", module, *args]
-    process = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -205,9 +206,17 @@ def test_prepare_with_workers_killed_as_they_write_shards_leaves_whole_results(i
 def checkpoint(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("trained")
     make_demo(folder / "demo", train=64, val=16, test=24, image_size=16, samples_per_shard=16, workers=1, quiet=True)
-    args = [f"--data.root={folder / 'demo'}", "--data.image_size=16", "--data.batch_size=8", "--data.num_workers=0",
-            "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+    args = [
+        f"--data.root={folder / 'demo'}",
+        "--data.image_size=16",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.limit_test_batches=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
     result = run_here("project.train", *args, cwd=folder)
     assert result.returncode == 0, result.stderr[-3000:]
     return folder / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt"
@@ -215,8 +224,14 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def predict_args(checkpoint: Path) -> list[str]:
     data = checkpoint.parents[4] / "demo" / "test"  # 24 samples: 3 batches of 8
-    return [f"--ckpt_path={checkpoint}", f"--data.predict={data}", "--out=preds/rows.jsonl", "--data.batch_size=8",
-            "--data.num_workers=0", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    return [
+        f"--ckpt_path={checkpoint}",
+        f"--data.predict={data}",
+        "--out=preds/rows.jsonl",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--trainer.enable_progress_bar=false",
+    ]
 
 
 def rows_of(data: bytes) -> list[dict]:
@@ -266,8 +281,15 @@ def test_predict_killed_at_every_write_leaves_whole_results_and_finishes_with_th
 
 def export_args(checkpoint: Path, form: str) -> list[str]:
     quantize = ["--quantize=dynamic-int8"] if form == "onnx" else []
-    return [f"--ckpt_path={checkpoint}", f"--format={form}", *quantize, "--out=export", "--repeats=1", "--batches=1",
-            "--data.num_workers=0"]  # fmt: skip
+    return [
+        f"--ckpt_path={checkpoint}",
+        f"--format={form}",
+        *quantize,
+        "--out=export",
+        "--repeats=1",
+        "--batches=1",
+        "--data.num_workers=0",
+    ]
 
 
 def model_logits(path: Path) -> np.ndarray:
@@ -314,8 +336,9 @@ def test_export_killed_at_every_write_leaves_whole_models_and_report(checkpoint,
     assert whole.returncode == 0, whole.stderr[-3000:]
     reference = tmp_path / "whole" / "export"
     names = [Path(path).name for path in writes(count)]
-    assert names == (["model.onnx", "model.dynamic-int8.onnx", "report.json"] if form == "onnx" else
-                     ["model.pt", "report.json"])  # fmt: skip
+    assert names == (
+        ["model.onnx", "model.dynamic-int8.onnx", "report.json"] if form == "onnx" else ["model.pt", "report.json"]
+    )
     points = kill_points(len(names), every_after=False) if form == "onnx" else [(1, "torn")]
     for at, mode in points:
         folder, log = tmp_path / f"{mode}{at}", tmp_path / f"{mode}{at}.log"
@@ -332,10 +355,21 @@ def test_export_killed_at_every_write_leaves_whole_models_and_report(checkpoint,
 
 
 def tune_args(checkpoint: Path, search: Path) -> list[str]:
-    return ["--n-trials=1", f"--search={search}", "--study-name=tk", f"--data.root={checkpoint.parents[4] / 'demo'}",
-            "--data.image_size=16", "--data.batch_size=8", "--data.num_workers=0", "--trainer.max_epochs=1",
-            "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+    return [
+        "--n-trials=1",
+        f"--search={search}",
+        "--study-name=tk",
+        f"--data.root={checkpoint.parents[4] / 'demo'}",
+        "--data.image_size=16",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
 
 
 def best_of(folder: Path) -> tuple[dict, float]:
@@ -388,15 +422,25 @@ def test_tune_killed_at_every_write_leaves_whole_results_and_finishes_with_a_bes
 
 def test_the_hook_kills_a_real_command_halfway_through_a_write_and_only_with_its_environment(tmp_path):
     """The sitecustomize path the sweeps rely on, in a plain interpreter (no torch: well under a second)."""
-    command = [sys.executable, "-c", "from project.data.atomic import write_text_atomically as w; "
-               "w('a.txt', 'first'); w('b.txt', 'second'); print('finished')"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "from project.data.atomic import write_text_atomically as w; "
+        "w('a.txt', 'first'); w('b.txt', 'second'); print('finished')",
+    ]
     log = tmp_path / "writes.log"
     env = {**os.environ, **environment(log, 2)}
     cut = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, start_new_session=True)
     assert cut.returncode == -9 and "finished" not in cut.stdout, cut.stderr
     assert writes(log) == ["a.txt", "b.txt"] and (tmp_path / "a.txt").read_text() == "first"
     assert not (tmp_path / "b.txt").exists() and [p.stat().st_size for p in tmp_path.glob(f".b.txt*{PARTIAL}")] == [3]
-    plain = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                           text=True, start_new_session=True)  # fmt: skip
+    plain = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+    )
     assert plain.returncode == 0 and (tmp_path / "b.txt").read_text() == "second" and len(writes(log)) == 2
     assert not partials(tmp_path), "the next write into the folder removes the dead writer's temporary"

@@ -4,6 +4,7 @@ through imports inside functions), and small modules."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,9 @@ def imports(path: Path) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names
-                         if f"{node.module}.{alias.name}" in MODULES)  # fmt: skip
+            found.update(
+                f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in MODULES
+            )
     return found
 
 
@@ -51,8 +53,10 @@ def test_the_layout_is_found():
 
 
 def test_no_module_imports_itself_through_others():
-    graph = {name: {target for target in imports(path) if target in MODULES and target != name}
-             for name, path in MODULES.items()}  # fmt: skip
+    graph = {
+        name: {target for target in imports(path) if target in MODULES and target != name}
+        for name, path in MODULES.items()
+    }
     state: dict[str, str] = {}
     circles = []
 
@@ -96,9 +100,78 @@ def test_the_core_knows_no_task(name):
     banned = [target for target in imports(path) if target.startswith(NOT_IN_CORE)]
     assert not banned, f"{name} imports {banned}"
     tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
-                  and isinstance(node.body[0], ast.Expr)}  # fmt: skip
-    words = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-             and id(node) not in docstrings and node.value.strip(".").lower() in TASK_WORDS]  # fmt: skip
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    words = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and node.value.strip(".").lower() in TASK_WORDS
+    ]
     assert not words, f"{name} names a task's keys: {words}"
+
+
+def design_modules() -> set[str]:
+    """The modules DESIGN.md's layout names: `project/<folder>/<name>.py` for each backticked `name.py` under
+    a "### `project/<folder>/`" heading (a bullet that starts with a `sub/` folder names that folder's)."""
+    text = (REPO / "docs" / "DESIGN.md").read_text()
+    layout = text[text.index("A sample travels these stages") : text.index("Rules of the layout")]
+    found, folder, bullet_folder = set(), None, ""
+    for line in layout.splitlines():
+        if heading := re.match(r"### `(project/[\w/]*)`", line):
+            folder, bullet_folder = heading.group(1), ""
+            continue
+        if line.startswith("- "):
+            sub = re.match(r"- `(\w+/)`:", line)
+            bullet_folder = sub.group(1) if sub else ""
+        if folder is not None and (line.startswith("- ") or line.startswith("  ")):
+            found |= {f"{folder}{bullet_folder}{name}" for name in re.findall(r"`(\w+\.py)`", line)}
+    return found
+
+
+def test_the_design_names_every_module_in_its_folder():
+    tree = {
+        f"{path.relative_to(REPO).as_posix()}"
+        for path in PROJECT.rglob("*.py")
+        if path.name not in ("__init__.py", "__main__.py")
+    }
+    named = design_modules()
+    assert not tree - named, f"modules DESIGN.md's layout does not name: {sorted(tree - named)}"
+    assert not named - tree, f"DESIGN.md's layout names modules that do not exist: {sorted(named - tree)}"
+
+
+def test_the_design_reads_in_a_terminal():
+    long = [
+        number
+        for number, line in enumerate((REPO / "docs" / "DESIGN.md").read_text().splitlines(), 1)
+        if len(line) > 120
+    ]
+    assert not long, f"DESIGN.md lines over 120 characters: {long}"
+
+
+def test_a_task_imports_no_write_tool():
+    """Imports run down: the write tools (project.shards) use the tasks' decoding and labels, never the reverse;
+    the text demo, a CSV that prepare shards, is the one task module that calls a write tool."""
+    exempt = {"project.tasks.text.demo"}
+    tasks = [name for name in MODULES if name.startswith("project.tasks") and name not in exempt]
+    upward = {name: sorted(t for t in imports(MODULES[name]) if t.startswith("project.shards")) for name in tasks}
+    assert not any(upward.values()), {name: found for name, found in upward.items() if found}
+
+
+def test_the_readme_map_names_every_folder_of_the_project():
+    readme = (REPO / "README.md").read_text()
+    listing = readme[readme.index("## Repository map") :]
+    folders = sorted(
+        f"{path.relative_to(REPO).as_posix()}/"
+        for path in PROJECT.rglob("*")
+        if path.is_dir() and path.name != "__pycache__" and any(path.glob("*.py"))
+    )
+    missing = [folder for folder in folders if folder not in listing]
+    assert not missing, f"folders the README's map does not name: {missing}"

@@ -58,20 +58,44 @@ def test_a_users_progress_bar_and_callbacks_compose_with_the_templates(tiny_demo
     trainer = trainer_of(tiny_demo, "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar")
     assert sum(isinstance(c, TQDMProgressBar) for c in trainer.callbacks) == 1
     assert sum(isinstance(c, ModelCheckpoint) for c in trainer.callbacks) == 2
-    result = run_here("project.train", f"--data.root={tiny_demo}", *FAST[:-1],
-                      "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar", cwd=tmp_path)  # fmt: skip
+    result = run_here(
+        "project.train",
+        f"--data.root={tiny_demo}",
+        *FAST[:-1],
+        "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]  # Lightning refused two progress bars before
 
 
 def test_a_config_that_restates_the_old_callback_list_keeps_working(tiny_demo, tmp_path):
     old = tmp_path / "old.yaml"  # the default config's callback list, as configs/trainer/spot.yaml had it
-    old.write_text(yaml.safe_dump({"trainer": {"callbacks": [
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"filename": "best", "monitor": "val/acc", "mode": "max"}},
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"filename": "last", "enable_version_counter": False, "every_n_train_steps": 200}},
-        {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
-    ]}}))  # fmt: skip
+    old.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {
+                    "callbacks": [
+                        {
+                            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                            "init_args": {"filename": "best", "monitor": "val/acc", "mode": "max"},
+                        },
+                        {
+                            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                            "init_args": {
+                                "filename": "last",
+                                "enable_version_counter": False,
+                                "every_n_train_steps": 200,
+                            },
+                        },
+                        {
+                            "class_path": "lightning.pytorch.callbacks.LearningRateMonitor",
+                            "init_args": {"logging_interval": "step"},
+                        },
+                    ]
+                }
+            }
+        )
+    )
     trainer = trainer_of(tiny_demo, f"--config={old}")
     checkpoints = sorted(c.filename for c in trainer.callbacks if isinstance(c, ModelCheckpoint))
     assert checkpoints == ["best", "last"] and sum(isinstance(c, LearningRateMonitor) for c in trainer.callbacks) == 1
@@ -80,8 +104,9 @@ def test_a_config_that_restates_the_old_callback_list_keeps_working(tiny_demo, t
 
 @pytest.mark.slow
 def test_csv_and_mlflow_loggers_get_hyperparameters_results_and_pictures(tiny_demo, tmp_path):
-    result = run_here("project.train", f"--config={REPO / 'configs/logger/csv.yaml'}", f"--data.root={tiny_demo}",
-                      *FAST, cwd=tmp_path)  # fmt: skip
+    result = run_here(
+        "project.train", f"--config={REPO / 'configs/logger/csv.yaml'}", f"--data.root={tiny_demo}", *FAST, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "logs" / "demo" / "version_0"
     with open(run / "metrics.csv", newline="") as stream:
@@ -96,8 +121,13 @@ def test_csv_and_mlflow_loggers_get_hyperparameters_results_and_pictures(tiny_de
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "best.ckpt").is_file()
 
     pytest.importorskip("mlflow")
-    result = run_here("project.train", f"--config={REPO / 'configs/logger/mlflow.yaml'}", f"--data.root={tiny_demo}",
-                      *FAST, cwd=tmp_path)  # fmt: skip
+    result = run_here(
+        "project.train",
+        f"--config={REPO / 'configs/logger/mlflow.yaml'}",
+        f"--data.root={tiny_demo}",
+        *FAST,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     from mlflow.tracking import MlflowClient
 
@@ -136,8 +166,15 @@ def test_an_augmentation_pipeline_from_the_config_runs_on_the_fast_path_where_it
 
     config = tmp_path / "augment.yaml"
     config.write_text(AUGMENT)
-    cli = ProjectCLI(args=[f"--config={config}", f"--data.root={tiny_demo}", "--data.image_size=16",
-                           "--trainer.logger=false", "--data.num_workers=0"])  # fmt: skip
+    cli = ProjectCLI(
+        args=[
+            f"--config={config}",
+            f"--data.root={tiny_demo}",
+            "--data.image_size=16",
+            "--trainer.logger=false",
+            "--data.num_workers=0",
+        ]
+    )
     data = cli.datamodule
     assert data.crop_flip is not None and data.crop_flip.scale == (0.5, 1.0) and data.crop_flip.flip == 0.5
     assert [type(step).__name__ for step in data.train_rest.transforms] == ["ColorJitter"]
@@ -146,8 +183,13 @@ def test_an_augmentation_pipeline_from_the_config_runs_on_the_fast_path_where_it
     )
     batch = next(iter(data.train_dataloader()))
     assert batch.image.shape[1:] == (3, 16, 16) and batch.image.dtype == torch.uint8
-    other = ImageShards(root=str(tiny_demo), image_size=16, num_workers=0, classes=["a"],
-                        augment=v2.Compose([v2.ColorJitter(0.2), v2.Resize(16), v2.CenterCrop(16)]))  # fmt: skip
+    other = ImageShards(
+        root=str(tiny_demo),
+        image_size=16,
+        num_workers=0,
+        classes=["a"],
+        augment=v2.Compose([v2.ColorJitter(0.2), v2.Resize(16), v2.CenterCrop(16)]),
+    )
     assert (
         other.crop_flip is None
         and other.augmentation() == "ColorJitter, Resize, CenterCrop (torchvision v2, per sample)"

@@ -51,8 +51,9 @@ def test_an_oversized_member_is_skipped_with_its_reason_and_the_rest_is_read(tmp
     assert "jpg" not in samples[1] and "over data.max_member_bytes (4,096)" in samples[1][REFUSED]
     assert REFUSED not in samples[0] and samples[2]["jpg"] == jpeg(30)
 
-    stream = ShardStream([Shard(url, 3)], image_task(), stage="val", batch_size=3, skip_corrupt=True,
-                         max_member_bytes=4096)  # fmt: skip
+    stream = ShardStream(
+        [Shard(url, 3)], image_task(), stage="val", batch_size=3, skip_corrupt=True, max_member_bytes=4096
+    )
     (batch,) = list(stream)
     assert batch.keys == ["a", "c"]
     (skipped,) = batch.skipped
@@ -100,7 +101,7 @@ def test_the_bound_is_a_checked_data_setting():
 
 
 def test_inspect_and_the_index_tool_name_an_oversized_member_without_reading_it(tmp_path, monkeypatch):
-    from project.data.shards import resolve_shards
+    from project.data.specs import resolve_shards
     from project.shards import index, inspect
 
     big = jpeg(20) + bytes(5000)

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from project.errors import UserError
 from project.tasks.image.batch import ImageBatch
 from project.tasks.image.model import ImageClassifier
-from project.tasks.image.report import render_confusion_matrix
+from project.tasks.image.pictures import render_confusion_matrix
 
 from .conftest import REPO, run_here
 
@@ -147,8 +147,11 @@ class Blobs(Dataset):
 
 
 def blob_batch(items: list[dict]) -> ImageBatch:
-    return ImageBatch(image=torch.stack([item["image"] for item in items]),
-                      label=torch.tensor([item["label"] for item in items]), keys=[""] * len(items))  # fmt: skip
+    return ImageBatch(
+        image=torch.stack([item["image"] for item in items]),
+        label=torch.tensor([item["label"] for item in items]),
+        keys=[""] * len(items),
+    )
 
 
 def _fit(model: ImageClassifier, epochs: int) -> None:

@@ -12,7 +12,7 @@ import torch
 from project.data.batch import Batch
 from project.data.loader import EpochLoader
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.stream import ShardStream, shuffled
 from project.errors import DecodeError, ShardError
 from project.tasks.image.batch import ImageBatch

@@ -47,11 +47,25 @@ def test_train_epoch_is_equal_per_rank_and_never_repeats(topology, epoch, seed):
     total = sum(counts)
     if total < world_size * batch_size:
         with pytest.raises(UserError, match="fewer than one global batch"):
-            train_plan(counts, epoch=epoch, seed=seed, rank=0, world_size=world_size,
-                       num_workers=topology["num_workers"], batch_size=batch_size)  # fmt: skip
+            train_plan(
+                counts,
+                epoch=epoch,
+                seed=seed,
+                rank=0,
+                world_size=world_size,
+                num_workers=topology["num_workers"],
+                batch_size=batch_size,
+            )
         return
-    ranks = all_ranks(train_plan, world_size, counts=counts, epoch=epoch, seed=seed,
-                      num_workers=topology["num_workers"], batch_size=batch_size)  # fmt: skip
+    ranks = all_ranks(
+        train_plan,
+        world_size,
+        counts=counts,
+        epoch=epoch,
+        seed=seed,
+        num_workers=topology["num_workers"],
+        batch_size=batch_size,
+    )
     batches = {total_batches(plans) for plans in ranks}
     assert len(batches) == 1, f"ranks disagree on the number of batches: {batches}"
     seen = [sample for plans in ranks for sample in samples_of(plans)]
@@ -100,8 +114,7 @@ def test_training_order_is_new_each_epoch_and_reproducible_from_the_seed():
     counts = [10] * 20
 
     def order(epoch, seed):
-        return samples_of(train_plan(counts, epoch=epoch, seed=seed, world_size=1, rank=0, num_workers=2,
-                                     batch_size=4))  # fmt: skip
+        return samples_of(train_plan(counts, epoch=epoch, seed=seed, world_size=1, rank=0, num_workers=2, batch_size=4))
 
     assert order(0, 7) == order(0, 7)
     assert order(0, 7) != order(1, 7)

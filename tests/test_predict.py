@@ -12,7 +12,7 @@ import pytest
 
 from project.data.files import pack_folder, pack_key, unpack_key
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 
 from .conftest import REPO, run_here, run_module
 from .test_cli import assert_user_error
@@ -32,17 +32,30 @@ def read_rows(path: Path) -> list[dict]:
 def checkpoint(tiny_demo, tmp_path_factory) -> Path:
     """A checkpoint of a short run on the tiny demo."""
     folder = tmp_path_factory.mktemp("trained")
-    args = [f"--data.root={tiny_demo}", "--data.image_size=16", "--data.batch_size=32", "--data.num_workers=0",
-            "--trainer.max_epochs=1", "--trainer.limit_train_batches=8", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false"]  # fmt: skip
+    args = [
+        f"--data.root={tiny_demo}",
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=8",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
     result = run_here("project.train", *args, cwd=folder)
     assert result.returncode == 0, result.stderr[-3000:]
     return folder / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt"
 
 
 def predict_args(checkpoint: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return [f"--ckpt_path={checkpoint}", f"--data.predict={data}", f"--out={out}", "--data.batch_size=16",
-            "--trainer.enable_progress_bar=false", *extra]  # fmt: skip
+    return [
+        f"--ckpt_path={checkpoint}",
+        f"--data.predict={data}",
+        f"--out={out}",
+        "--data.batch_size=16",
+        "--trainer.enable_progress_bar=false",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from PIL import Image
 
 from project.data.atomic import PARTIAL
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.shards.index import build_index
 from project.shards.prepare import prepare
 from project.shards.records import sanitize_key
@@ -109,14 +109,22 @@ def test_torchvision_dataset_from_a_local_root(tmp_path):
     raw = tmp_path / "tv" / "MNIST" / "raw"
     raw.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    images = {"train": rng.integers(0, 255, (30, 28, 28), dtype=np.uint8),
-              "t10k": rng.integers(0, 255, (10, 28, 28), dtype=np.uint8)}  # fmt: skip
+    images = {
+        "train": rng.integers(0, 255, (30, 28, 28), dtype=np.uint8),
+        "t10k": rng.integers(0, 255, (10, 28, 28), dtype=np.uint8),
+    }
     labels = {"train": np.arange(30, dtype=np.uint8) % 10, "t10k": np.arange(10, dtype=np.uint8)}
     for prefix in ("train", "t10k"):
         write_idx(raw / f"{prefix}-images-idx3-ubyte", images[prefix])
         write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels[prefix])
-    prepare("torchvision:MNIST", tmp_path / "out", val_fraction=0.2, workers=1, quiet=True,
-            torchvision_root=str(tmp_path / "tv"))  # fmt: skip
+    prepare(
+        "torchvision:MNIST",
+        tmp_path / "out",
+        val_fraction=0.2,
+        workers=1,
+        quiet=True,
+        torchvision_root=str(tmp_path / "tv"),
+    )
     splits = read_splits(tmp_path / "out")
     assert len(splits["test"]) == 10 and len(splits["train"]) + len(splits["val"]) == 30
     assert len(splits["val"]) == 10  # 20% of each of the 10 classes' 3 images, rounded: 1 each
@@ -200,8 +208,16 @@ def test_gnu_tar_shards_are_indexed_and_trained_on(tmp_path, compress, labels):
     assert not problems and index.nsamples == 24 and [s.nsamples for s in index.shards] == [15, 9]
     assert index.extra["classes"] == (sorted(CLASSES) if labels == "txt" else ["0", "1", "2"])
     args = [f"--data.{split}={shards}" for split in ("train", "val", "test")]
-    result = run_here("project.train", *args, "--data.image_size=16", "--data.batch_size=8", "--data.num_workers=0",
-                        "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", cwd=tmp_path)  # fmt: skip
+    result = run_here(
+        "project.train",
+        *args,
+        "--data.image_size=16",
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+        "--trainer.enable_progress_bar=false",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test/acc" in result.stdout
 
@@ -211,8 +227,9 @@ def test_index_reports_corrupt_members(tmp_path):
     gnu_tar_folder(files, "cls")
     (files / "sample0003.jpg").write_bytes(b"\xff\xd8 broken")
     (files / "sample0007.cls").unlink()
-    subprocess.run(["tar", "-cf", str(tmp_path / "x.tar"), *sorted(p.name for p in files.iterdir())], cwd=files,
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["tar", "-cf", str(tmp_path / "x.tar"), *sorted(p.name for p in files.iterdir())], cwd=files, check=True
+    )
     result = run_here("project.data.index", str(tmp_path / "x.tar"), "--out", str(tmp_path / "i.json"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "2 problem(s) found" in result.stdout
@@ -222,16 +239,33 @@ def test_index_reports_corrupt_members(tmp_path):
 @pytest.mark.slow
 def test_other_image_modes_and_sizes_train_and_inspect(tmp_path):
     root = tmp_path / "images"
-    kinds = [("L", "PNG", (8, 8)), ("P", "PNG", (20, 16)), ("RGBA", "PNG", (16, 20)), ("I;16", "PNG", (12, 12)),
-             ("RGB", "JPEG", (640, 480)), ("L", "JPEG", (30, 30))]  # fmt: skip
+    kinds = [
+        ("L", "PNG", (8, 8)),
+        ("P", "PNG", (20, 16)),
+        ("RGBA", "PNG", (16, 20)),
+        ("I;16", "PNG", (12, 12)),
+        ("RGB", "JPEG", (640, 480)),
+        ("L", "JPEG", (30, 30)),
+    ]
     for label, name in enumerate(CLASSES):
         for i in range(8):
             mode, format, size = kinds[(i + label) % len(kinds)]  # noqa: A001
             path = root / name / f"{i}.{'jpg' if format == 'JPEG' else 'png'}"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(image_bytes(i, format, size, mode))
-    prepared = run_here("project.data.prepare", str(root), "--out", str(tmp_path / "out"), "--workers", "1",
-                          "--val-fraction", "0.25", "--test-fraction", "0.25", cwd=tmp_path)  # fmt: skip
+    prepared = run_here(
+        "project.data.prepare",
+        str(root),
+        "--out",
+        str(tmp_path / "out"),
+        "--workers",
+        "1",
+        "--val-fraction",
+        "0.25",
+        "--test-fraction",
+        "0.25",
+        cwd=tmp_path,
+    )
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     args = [f"--data.root={tmp_path / 'out'}", "--data.image_size=16", "--data.batch_size=4", "--data.num_workers=0"]
     args += ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", "--data.max_skipped_fraction=0"]

@@ -118,8 +118,10 @@ def test_folder_tree_of_texts(tmp_path):
     result = prepare(str(root), tmp_path / "out", workers=1, samples_per_shard=4, quiet=True)
     assert merged(tmp_path / "out") == expected
     assert index_classes_of(tmp_path / "out") == CLASSES
-    assert sorted(result.skipped) == [f"skipped {root / 'neg' / 'empty.txt'}: empty text",
-                                      f"skipped {root / 'pos' / 'broken.txt'}: not valid UTF-8"]  # fmt: skip
+    assert sorted(result.skipped) == [
+        f"skipped {root / 'neg' / 'empty.txt'}: empty text",
+        f"skipped {root / 'pos' / 'broken.txt'}: not valid UTF-8",
+    ]
 
 
 def write_text_shard(path: Path, samples: list[tuple[str, bytes, bytes | None]]) -> Shard:
@@ -149,10 +151,11 @@ def test_text_shards_with_class_names_and_bad_samples(tmp_path):
     expected = {f"s{i}": (f"text {i}", 2 - i % 3) for i in range(9)}
     assert merged(tmp_path / "out") == expected
     assert index_classes_of(tmp_path / "out") == list(reversed(CLASSES))
-    assert result.skipped == [f"skipped {shard.url} sample nolabel: no .cls label",
-                              f"skipped {shard.url} sample badtext: not valid UTF-8",
-                              f"skipped {shard.url} sample unknown: label 'cat' is neither an integer nor a known "
-                              "class name"]  # fmt: skip
+    assert result.skipped == [
+        f"skipped {shard.url} sample nolabel: no .cls label",
+        f"skipped {shard.url} sample badtext: not valid UTF-8",
+        f"skipped {shard.url} sample unknown: label 'cat' is neither an integer nor a known class name",
+    ]
     plain = tmp_path / "plain"  # no index: class names sort
     plain.mkdir()
     write_text_shard(plain / "b.tar", [(f"t{i}", b"words", CLASSES[i % 3].encode()) for i in range(6)])
@@ -167,8 +170,11 @@ def test_bad_rows_are_skipped_named_and_counted(tmp_path, capsys):
     listing.write_bytes(b"text,label\n" + b"".join(good[:3] + bad[:1] + good[3:6] + bad[1:] + good[6:]))
     result = prepare(str(listing), tmp_path / "out", workers=1, quiet=True)
     assert result.bad_rows == 3 and capsys.readouterr().err == ""
-    assert result.skipped == [f"skipped {listing} row 4: not valid UTF-8", f"skipped {listing} row 8: empty text",
-                              f"skipped {listing} row 9: empty label"]  # fmt: skip
+    assert result.skipped == [
+        f"skipped {listing} row 4: not valid UTF-8",
+        f"skipped {listing} row 8: empty text",
+        f"skipped {listing} row 9: empty label",
+    ]
     assert sorted(text for text, _ in merged(tmp_path / "out").values()) == [f"good text {i}" for i in range(9)]
     assert "data/00000004" not in merged(tmp_path / "out")
     cli = run_here("project.data.prepare", str(listing), "--out", str(tmp_path / "cli"), "--workers", "1", cwd=tmp_path)
@@ -187,9 +193,16 @@ def test_bad_jsonl_lines_are_skipped_not_fatal(tmp_path):
     lines[4] = b'{"text": "fine", "label": ""}'
     listing.write_bytes(b"\n".join([*lines, b"[1, 2]", b'{"label": 1}']) + b"\n")
     result = prepare(str(listing), tmp_path / "out", workers=1, quiet=True)
-    assert result.skipped == [f"skipped {listing} line {n}: {why}" for n, why in
-                              [(2, "not valid UTF-8"), (4, "not JSON"), (5, "empty label"),
-                               (7, "not a JSON object"), (8, "empty text")]]  # fmt: skip
+    assert result.skipped == [
+        f"skipped {listing} line {n}: {why}"
+        for n, why in [
+            (2, "not valid UTF-8"),
+            (4, "not JSON"),
+            (5, "empty label"),
+            (7, "not a JSON object"),
+            (8, "empty text"),
+        ]
+    ]
     assert merged(tmp_path / "out") == {f"data/{n:08d}": (f"t{n - 1}", (n - 1) % 2) for n in (1, 3, 6)}
 
 
@@ -218,13 +231,22 @@ def test_detection_tells_text_from_images(tmp_path):
         (images / CLASSES[i % 2] / f"{i}.jpg").write_bytes(jpeg(i))
         (images / CLASSES[i % 2] / f"{i}.txt").write_text("a caption beside an image")
     assert not is_text(str(images))
-    listing = write_csv(images / "list.csv", ["path", "text", "label"],
-                        [[f"{CLASSES[i % 2]}/{i}.jpg", "caption", CLASSES[i % 2]] for i in range(6)])  # fmt: skip
+    listing = write_csv(
+        images / "list.csv",
+        ["path", "text", "label"],
+        [[f"{CLASSES[i % 2]}/{i}.jpg", "caption", CLASSES[i % 2]] for i in range(6)],
+    )
     assert not is_text(str(listing))
     result = prepare(str(listing), tmp_path / "out", workers=1, quiet=True)  # an image listing, as before
     assert not result.text and result.bad_rows == 0
-    members = {ext for split in SPLITS for shard in read_index(str(tmp_path / "out" / split / INDEX_NAME)).shards
-               for sample in read_samples(shard.url) for ext in sample if not ext.startswith("__")}  # fmt: skip
+    members = {
+        ext
+        for split in SPLITS
+        for shard in read_index(str(tmp_path / "out" / split / INDEX_NAME)).shards
+        for sample in read_samples(shard.url)
+        for ext in sample
+        if not ext.startswith("__")
+    }
     assert members == {"jpg", "cls"}
     image_shards = tmp_path / "image_shards"  # an image task's shards whose label is a .txt member
     image_shards.mkdir()

@@ -14,7 +14,7 @@ import pytest
 
 from project.data.remote import cache_name, cached, open_url
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.tasks.image.demo import make_demo
 

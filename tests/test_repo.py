@@ -130,9 +130,13 @@ def test_every_search_space_searches_train_options(search_space, results):
 
 
 # the older names of tools that live elsewhere now: their --help names the real command
-ALIASES = {"project.data.prepare": "project.shards.prepare", "project.data.index": "project.shards.index",
-           "project.data.inspect": "project.shards.inspect", "project.data.demo": "project.tasks.image.demo",
-           "project.data.tokenizer": "project.tasks.text.tokenizer"}  # fmt: skip
+ALIASES = {
+    "project.data.prepare": "project.shards.prepare",
+    "project.data.index": "project.shards.index",
+    "project.data.inspect": "project.shards.inspect",
+    "project.data.demo": "project.tasks.image.demo",
+    "project.data.tokenizer": "project.tasks.text.tokenizer",
+}
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
@@ -170,8 +174,11 @@ def test_hadolint_passes_on_the_dockerfile():
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in (REPO / "Dockerfile").read_text().splitlines()
-                                         if not line.lstrip().startswith("#")))  # fmt: skip
+    text = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in (REPO / "Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
     pairs = [line.strip().split(None, 1) for line in text.splitlines() if line.strip()]
     return [(pair[0].upper(), pair[1] if len(pair) > 1 else "") for pair in pairs]
 

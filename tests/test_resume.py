@@ -83,8 +83,9 @@ def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_we
         loader_state = torch.load(ckpt, weights_only=True)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
         assert loader_state[0]["batches"] == step % 18 and loader_state[0]["epoch"] == step // 18
         folder = tmp_path / f"from{step}"
-        resumed = run_here("project.train", *train_args(data, workers, folder / "records"), f"--ckpt_path={ckpt}",
-                           cwd=tmp_path)  # fmt: skip
+        resumed = run_here(
+            "project.train", *train_args(data, workers, folder / "records"), f"--ckpt_path={ckpt}", cwd=tmp_path
+        )
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert keys_from(load_records(folder / "records"), 0, 0) == keys_from(records, step // 18, step % 18)
         final = weights(sorted((tmp_path / "logs" / "demo").iterdir())[-1] / "checkpoints" / "last.ckpt")

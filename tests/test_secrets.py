@@ -18,11 +18,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from project.data.redact import redact, redact_text, redact_value
 from project.data.remote import cached, without_userinfo
 from project.data.shard_index import Shard as ShardEntry
 from project.data.shard_index import read_index, write_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
+from project.redact import redact, redact_text, redact_value
 from project.tasks.image.demo import make_demo
 
 from .conftest import run_here, run_module
@@ -33,14 +33,16 @@ PASSWORD, SIGNATURE = "pa55-PLANTED-1f3e", "sig-PLANTED-9c2d"
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        ("https://user:tok@host:8443/a/b.json?X-Amz-Signature=abc&X-Amz-Expires=60",
-         "https://***@host:8443/a/b.json?X-Amz-Signature=***&X-Amz-Expires=***"),
+        (
+            "https://user:tok@host:8443/a/b.json?X-Amz-Signature=abc&X-Amz-Expires=60",
+            "https://***@host:8443/a/b.json?X-Amz-Signature=***&X-Amz-Expires=***",
+        ),
         ("https://host/a.tar?TOKEN", "https://host/a.tar?***"),
         ("http://[::1]:80/a?b=c", "http://[::1]:80/a?b=***"),
         ("s3://bucket/train/shardindex.json", "s3://bucket/train/shardindex.json"),
         ("data/train/*.tar", "data/train/*.tar"),
     ],
-)  # fmt: skip
+)
 def test_redact_hides_userinfo_and_query_values_and_keeps_the_rest(url, shown):
     assert redact(url) == shown
 
@@ -63,8 +65,10 @@ def test_userinfo_becomes_a_basic_header_and_never_a_cache_file_name(tmp_path):
 
 
 def test_relative_shards_inherit_the_index_query_and_signed_ones_keep_their_own(tmp_path):
-    write_index(tmp_path / "shardindex.json", [ShardEntry(str(tmp_path / "a.tar"), 2),
-                                               ShardEntry("https://cdn/b.tar?X-Amz-Signature=own", 3)])  # fmt: skip
+    write_index(
+        tmp_path / "shardindex.json",
+        [ShardEntry(str(tmp_path / "a.tar"), 2), ShardEntry("https://cdn/b.tar?X-Amz-Signature=own", 3)],
+    )
     text = (tmp_path / "shardindex.json").read_text()
     assert '"url": "a.tar"' in text
     local = read_index(str(tmp_path / "shardindex.json"), check_exists=False)
@@ -144,8 +148,9 @@ def test_a_run_over_presigned_urls_writes_and_prints_no_secret(guarded, tmp_path
     args = [
         *(f"--data.{split}={base}/d/{split}/shardindex.json{query}" for split in ("train", "val", "test")),
         *("--data.image_size=16", "--data.batch_size=16", "--data.num_workers=2", "--trainer.max_epochs=1"),
-        "--data.max_skipped_fraction=0.05", "--trainer.enable_progress_bar=false",
-    ]  # fmt: skip
+        "--data.max_skipped_fraction=0.05",
+        "--trainer.enable_progress_bar=false",
+    ]
     result = run_module("project.train", *args, cwd=tmp_path)  # a real process: its whole stdout and stderr
     assert result.returncode == 0, result.stderr[-3000:]
     assert not handler.refused and len(handler.served) >= 3 + 5  # every index and shard, signed

@@ -36,7 +36,7 @@ import pytest
 
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, Shard, read_index, write_index
-from project.shards.tarwriter import FastTarWriter
+from project.data.tarwriter import FastTarWriter
 from project.tasks.image.demo import make_demo
 
 from .conftest import run_here, run_module
@@ -206,8 +206,18 @@ SMALL = [
 @pytest.fixture(scope="module")
 def train(served, tmp_path_factory) -> Run:
     run = new_run(tmp_path_factory, "train")
-    run_tool(served, run, "project.train", *data_flags(served), "--data.image_size=16", "--data.batch_size=16",
-             "--data.num_workers=2", "--data.cache_dir=cache", "--trainer.max_epochs=1", *SMALL)  # fmt: skip
+    run_tool(
+        served,
+        run,
+        "project.train",
+        *data_flags(served),
+        "--data.image_size=16",
+        "--data.batch_size=16",
+        "--data.num_workers=2",
+        "--data.cache_dir=cache",
+        "--trainer.max_epochs=1",
+        *SMALL,
+    )
     yield run
     run.clean()
 
@@ -220,8 +230,16 @@ def checkpoint_of(train: Run) -> Path:
 def evaluate(served, train, tmp_path_factory) -> Run:
     run = new_run(tmp_path_factory, "evaluate", train.folder)
     (run.folder / "config.yaml").write_text(SENTINEL)
-    run_tool(served, run, "project.evaluate", f"--ckpt_path={checkpoint_of(train)}", *data_flags(served),
-             "--split=test", "--data.num_workers=0", *SMALL)  # fmt: skip
+    run_tool(
+        served,
+        run,
+        "project.evaluate",
+        f"--ckpt_path={checkpoint_of(train)}",
+        *data_flags(served),
+        "--split=test",
+        "--data.num_workers=0",
+        *SMALL,
+    )
     yield run
     run.clean()
 
@@ -232,8 +250,14 @@ def predict(served, train, tmp_path_factory) -> Run:
     merged output. It reads the signed index: shards by their own presigned URLs."""
     run = new_run(tmp_path_factory, "predict", train.folder)
     (run.folder / "config.yaml").write_text(SENTINEL)
-    args = [f"--ckpt_path={checkpoint_of(train)}", f"--data.predict={served.url('signed')}", "--out=preds/rows.jsonl",
-            "--data.batch_size=16", "--data.num_workers=0", *SMALL]  # fmt: skip
+    args = [
+        f"--ckpt_path={checkpoint_of(train)}",
+        f"--data.predict={served.url('signed')}",
+        "--out=preds/rows.jsonl",
+        "--data.batch_size=16",
+        "--data.num_workers=0",
+        *SMALL,
+    ]
     killer = json.dumps({"class_path": "tests.helpers.KillAtPredictBatch", "init_args": {"batch": 1}})
     cut = run_tool(served, run, "project.predict", *args, f"--trainer.callbacks+={killer}")
     assert cut.returncode == -9 and (run.folder / "preds" / "rows.jsonl.parts" / "rank-0.jsonl").exists(), cut.stderr
@@ -245,9 +269,19 @@ def predict(served, train, tmp_path_factory) -> Run:
 @pytest.fixture(scope="module")
 def export(served, train, tmp_path_factory) -> Run:
     run = new_run(tmp_path_factory, "export", train.folder)
-    run_tool(served, run, "project.export", f"--ckpt_path={checkpoint_of(train)}", "--format=onnx", "--out=export",
-             "--repeats=1", "--batches=2", "--data.num_workers=0", *data_flags(served),
-             "--data.max_skipped_fraction=0.2")  # fmt: skip
+    run_tool(
+        served,
+        run,
+        "project.export",
+        f"--ckpt_path={checkpoint_of(train)}",
+        "--format=onnx",
+        "--out=export",
+        "--repeats=1",
+        "--batches=2",
+        "--data.num_workers=0",
+        *data_flags(served),
+        "--data.max_skipped_fraction=0.2",
+    )
     yield run
     run.clean()
 
@@ -255,10 +289,20 @@ def export(served, train, tmp_path_factory) -> Run:
 def tune_flags(served, folder: Path) -> list[str]:
     search = folder / "search.yaml"
     search.write_text("params: {model.lr: {type: float, low: 0.001, high: 0.01, log: true}}\n")
-    return ["--n-trials=2", f"--search={search}", "--study-name=secret-study", *data_flags(served),
-            "--data.image_size=16", "--data.batch_size=32", "--data.num_workers=0", "--trainer.max_epochs=1",
-            "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0",
-            *SMALL]  # fmt: skip
+    return [
+        "--n-trials=2",
+        f"--search={search}",
+        "--study-name=secret-study",
+        *data_flags(served),
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.num_sanity_val_steps=0",
+        *SMALL,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -273,8 +317,9 @@ def tune(served, tmp_path_factory) -> Run:
 def tune_ray(served, tmp_path_factory) -> Run:
     pytest.importorskip("ray.tune")
     run = new_run(tmp_path_factory, "tune_ray")
-    run_tool(served, run, "project.tune", "--backend=ray", "--scheduler=fifo", *tune_flags(served, run.folder),
-             timeout=600)  # fmt: skip
+    run_tool(
+        served, run, "project.tune", "--backend=ray", "--scheduler=fifo", *tune_flags(served, run.folder), timeout=600
+    )
     yield run
     run.clean()
 
@@ -284,10 +329,24 @@ def active(served, tmp_path_factory) -> Run:
     """One round over the presigned pool, the simulated oracle copying the pool's labels: the seed set and
     the round's samples fetched by their real URLs."""
     run = new_run(tmp_path_factory, "active")
-    run_tool(served, run, "project.active", f"--pool={served.url('train')}", "--labeled=labeled", "--run=run",
-             "--budget=10", "--initial=10", "--rounds=1", "--strategy=entropy", f"--data.val={served.url('val')}",
-             f"--data.test={served.url('test')}", "--data.image_size=16", "--data.batch_size=8",
-             "--trainer.max_steps=4", *SMALL)  # fmt: skip
+    run_tool(
+        served,
+        run,
+        "project.active",
+        f"--pool={served.url('train')}",
+        "--labeled=labeled",
+        "--run=run",
+        "--budget=10",
+        "--initial=10",
+        "--rounds=1",
+        "--strategy=entropy",
+        f"--data.val={served.url('val')}",
+        f"--data.test={served.url('test')}",
+        "--data.image_size=16",
+        "--data.batch_size=8",
+        "--trainer.max_steps=4",
+        *SMALL,
+    )
     yield run
     run.clean()
 
@@ -296,8 +355,9 @@ def active(served, tmp_path_factory) -> Run:
 def prepare(served, tmp_path_factory) -> Run:
     """Re-sharding the presigned train split into a local dataset folder."""
     run = new_run(tmp_path_factory, "prepare")
-    run_tool(served, run, "project.data.prepare", served.url("train"), "--out=out", "--samples-per-shard=50",
-             "--workers=1")  # fmt: skip
+    run_tool(
+        served, run, "project.data.prepare", served.url("train"), "--out=out", "--samples-per-shard=50", "--workers=1"
+    )
     yield run
     run.clean()
 
@@ -351,8 +411,9 @@ def test_the_search_is_live_the_runs_show_their_urls_redacted(train, predict, tu
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tool", ["train", "evaluate", "predict", "export", "tune", "tune_ray", "active", "prepare",
-                                  "inspect"])  # fmt: skip
+@pytest.mark.parametrize(
+    "tool", ["train", "evaluate", "predict", "export", "tune", "tune_ray", "active", "prepare", "inspect"]
+)
 def test_every_tool_requests_only_the_real_urls(tool, request):
     """The real URL is what is read: no request goes out with a redacted *** URL (the server refuses those)."""
     run: Run = request.getfixturevalue(tool)
@@ -382,12 +443,24 @@ def test_a_resumed_active_loop_over_a_presigned_pool_fetches_the_real_urls(serve
     with open(labeled / "seed.tar", "wb") as stream, FastTarWriter(stream) as writer:
         for sample in seed:
             writer.write(sample)
-    write_index(labeled / INDEX_NAME, [Shard(str(labeled / "seed.tar"), 10)], name="labeled",
-                extra={"classes": classes})  # fmt: skip
-    args = [f"--pool={served.url('train')}", f"--labeled={labeled}", "--run=run", "--budget=10", "--rounds=1",
-            "--strategy=entropy", "--oracle=human", f"--data.val={served.url('val')}",
-            f"--data.test={served.url('test')}", "--data.image_size=16", "--data.batch_size=8",
-            "--trainer.max_steps=4", *SMALL]  # fmt: skip
+    write_index(
+        labeled / INDEX_NAME, [Shard(str(labeled / "seed.tar"), 10)], name="labeled", extra={"classes": classes}
+    )
+    args = [
+        f"--pool={served.url('train')}",
+        f"--labeled={labeled}",
+        "--run=run",
+        "--budget=10",
+        "--rounds=1",
+        "--strategy=entropy",
+        "--oracle=human",
+        f"--data.val={served.url('val')}",
+        f"--data.test={served.url('test')}",
+        "--data.image_size=16",
+        "--data.batch_size=8",
+        "--trainer.max_steps=4",
+        *SMALL,
+    ]
     first = run_here("project.active", *args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     round_0 = tmp_path / "run" / "entropy" / "seed_0" / "round_0"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from project.data.shard_index import INDEX_NAME, read_index, write_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.errors import ShardError, UserError
 
 

@@ -144,8 +144,16 @@ def test_speed_monitor_logs_throughput_data_wait_and_memory_and_judges_the_run(t
     data = ImageShards(root=None, train=str(folder), num_workers=0, batch_size=4, image_size=8, classes=["a", "b", "c"])
     monitor = SpeedMonitor(window_size=3)
     logger = TensorBoardLogger(tmp_path / "logs", name="speed")
-    trainer = Trainer(max_epochs=1, logger=logger, callbacks=[monitor], log_every_n_steps=2, limit_val_batches=0,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer = Trainer(
+        max_epochs=1,
+        logger=logger,
+        callbacks=[monitor],
+        log_every_n_steps=2,
+        limit_val_batches=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(ImageClassifier(num_classes=3, width=4, image_size=8), datamodule=data)
     events = EventAccumulator(logger.log_dir)
     events.Reload()
@@ -162,11 +170,22 @@ def test_speed_monitor_logs_throughput_data_wait_and_memory_and_judges_the_run(t
 
 @pytest.mark.slow
 def test_the_profile_config_writes_traces_and_a_summary_into_the_run_folder(tiny_demo, tmp_path):
-    args = ["--config", str(REPO / "configs/trainer/profile.yaml"), f"--data.root={tiny_demo}", "--data.image_size=16",
-            "--data.batch_size=32", "--data.num_workers=0", "--trainer.max_epochs=1", "--trainer.limit_train_batches=6",
-            "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1", "--trainer.profiler.init_args.wait=1",
-            "--trainer.profiler.init_args.active=2",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+    args = [
+        "--config",
+        str(REPO / "configs/trainer/profile.yaml"),
+        f"--data.root={tiny_demo}",
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=6",
+        "--trainer.limit_val_batches=1",
+        "--trainer.limit_test_batches=1",
+        "--trainer.profiler.init_args.wait=1",
+        "--trainer.profiler.init_args.active=2",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
     result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "logs" / "demo" / "version_0"

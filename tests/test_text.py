@@ -13,7 +13,7 @@ from webdataset import TarWriter
 
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, Shard, write_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.shards.prepare import prepare
 from project.tasks.text import TextClassifier, TextShards
 from project.tasks.text.demo import CLASSES, write_csv
@@ -69,8 +69,16 @@ def test_each_padded_row_has_the_logits_of_its_text_alone(root, encoder, grad):
     batch = epoch_batches(data, split="val")[0]
     assert data.pad_id == 0 and len(set(batch.lengths.tolist())) > 1, "the batch needs padding to test it"
     torch.manual_seed(0)
-    model = TextClassifier(num_classes=8, vocab_size=data.vocab_size, pad_id=data.pad_id, max_tokens=160,
-                           encoder=encoder, dim=16, layers=1, heads=2).eval()  # fmt: skip
+    model = TextClassifier(
+        num_classes=8,
+        vocab_size=data.vocab_size,
+        pad_id=data.pad_id,
+        max_tokens=160,
+        encoder=encoder,
+        dim=16,
+        layers=1,
+        heads=2,
+    ).eval()
     with torch.no_grad():  # a padding embedding that is not zero: only the mask can hide the padding
         model.encoder.embedding.weight[data.pad_id] = 3.0
     with torch.set_grad_enabled(grad):

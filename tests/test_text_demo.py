@@ -38,8 +38,15 @@ def test_in_the_demo_the_same_words_mean_either_label():
 def test_the_text_demo_reaches_90_percent_within_3_minutes_from_nothing(tmp_path):
     """Building the demo (CSV, shards, tokenizer) included, as a newcomer's first run does."""
     started = time.monotonic()
-    result = run_module("project.train", "--config", str(REPO / "configs/text/demo.yaml"),
-                        "--trainer.enable_progress_bar", "false", cwd=tmp_path, timeout=600)  # fmt: skip
+    result = run_module(
+        "project.train",
+        "--config",
+        str(REPO / "configs/text/demo.yaml"),
+        "--trainer.enable_progress_bar",
+        "false",
+        cwd=tmp_path,
+        timeout=600,
+    )
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
     assert "demo data not found" in result.stderr  # it really was built here

@@ -73,8 +73,13 @@ def test_resuming_mid_epoch_with_token_dropout_and_bucketing_ends_with_equal_wei
 
 
 def test_two_process_ddp_has_equal_disjoint_batches_and_evaluates_every_text_once(root, tmp_path):
-    args = train_args(root, recorder(tmp_path / "records"), "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"),
-                      "--data.num_workers=0")  # fmt: skip
+    args = train_args(
+        root,
+        recorder(tmp_path / "records"),
+        "--config",
+        str(REPO / "configs/trainer/ddp_cpu.yaml"),
+        "--data.num_workers=0",
+    )
     result = run_module("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     records, keys = load_records(tmp_path / "records"), split_samples(root, "train")
@@ -130,9 +135,15 @@ def test_tensorboard_gets_per_class_accuracy_the_confusion_matrix_and_the_first_
 
 
 def test_a_fraction_trains_on_exactly_that_share_and_evaluate_reports_test_acc(root, whole, tmp_path):
-    args = train_args(root, recorder(tmp_path / "records"), "--data.fraction=0.5", "--trainer.max_epochs=1",
-                      "--trainer.limit_val_batches=0", "--trainer.limit_test_batches=1",
-                      "--data.num_workers=0")  # fmt: skip
+    args = train_args(
+        root,
+        recorder(tmp_path / "records"),
+        "--data.fraction=0.5",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_val_batches=0",
+        "--trainer.limit_test_batches=1",
+        "--data.num_workers=0",
+    )
     result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [key for batch in load_records(tmp_path / "records")[0]["train"]["0"] for key in batch]
@@ -162,8 +173,15 @@ def tiny_distilbert(folder: Path, texts: list[str]) -> None:
     ids = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
     tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=ids)
     tokenizer.save(str(folder / "tokenizer.json"))
-    config = DistilBertConfig(vocab_size=tokenizer.get_vocab_size(), dim=32, n_layers=1, n_heads=2, hidden_dim=64,
-                              max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    config = DistilBertConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        dim=32,
+        n_layers=1,
+        n_heads=2,
+        hidden_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     DistilBertModel(config).save_pretrained(folder)
 
 
@@ -184,9 +202,17 @@ def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, m
     (bare / "tokenizer.json").unlink()
     with pytest.raises(UserError, match="tokenizer has 8000 tokens, model.pretrained's embeddings"):
         TextClassifier(pretrained=str(bare), tokenizer_hash="0" * 64, vocab_size=8000)
-    args = train_args(root, f"--model.pretrained={folder}", f"--data.tokenizer={tokenizer}", "--data.max_tokens=64",
-                      "--trainer.max_steps=3", "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=1",
-                      "--trainer.limit_test_batches=1", "--data.num_workers=0")  # fmt: skip
+    args = train_args(
+        root,
+        f"--model.pretrained={folder}",
+        f"--data.tokenizer={tokenizer}",
+        "--data.max_tokens=64",
+        "--trainer.max_steps=3",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.limit_val_batches=1",
+        "--trainer.limit_test_batches=1",
+        "--data.num_workers=0",
+    )
     result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [event.value for event in events(tmp_path / RUN).Scalars("train/loss")]

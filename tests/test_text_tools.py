@@ -23,7 +23,7 @@ from project.shards.prepare import prepare
 from project.tasks.text.demo import write_csv
 from project.tasks.text.model import TextClassifier
 from project.tasks.text.tokenizer import file_hash, load_tokenizer, train_tokenizer
-from project.tune_common import DEFAULT_SEARCH, default_search
+from project.tune.space import DEFAULT_SEARCH, default_search
 
 from .conftest import REPO, run_here
 
@@ -33,9 +33,17 @@ pytestmark = [
 ]
 TEXT_CONFIG = REPO / "configs" / "text" / "demo.yaml"
 TINY_MODEL = ["--model.dim=16", "--model.layers=1", "--model.heads=2"]
-TINY_RUN = ["--data.num_workers=0", "--data.batch_size=32", "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
-            "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2", "--trainer.num_sanity_val_steps=0",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+TINY_RUN = [
+    "--data.num_workers=0",
+    "--data.batch_size=32",
+    "--trainer.max_epochs=1",
+    "--trainer.limit_train_batches=4",
+    "--trainer.limit_val_batches=2",
+    "--trainer.limit_test_batches=2",
+    "--trainer.num_sanity_val_steps=0",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
 
 
 def make_text_data(root: Path, samples: int = 600) -> Path:
@@ -161,15 +169,34 @@ def test_a_model_without_inputs_and_targets_is_refused_in_one_line(text_run, tmp
 
 def test_text_bench_ratios_are_quotients_of_the_medians():
     runs = {name: [1.0, 2.0, 3.0] for name in FIGURES}
-    runs.update(encode_batch=[100, 300, 200], encode_loop=[150, 250, 260], loader=[190, 180, 170],
-                unbucketed=[120, 130, 110], loader_padding=[0.1] * 3, unbucketed_padding=[0.5] * 3)  # fmt: skip
+    runs.update(
+        encode_batch=[100, 300, 200],
+        encode_loop=[150, 250, 260],
+        loader=[190, 180, 170],
+        unbucketed=[120, 130, 110],
+        loader_padding=[0.1] * 3,
+        unbucketed_padding=[0.5] * 3,
+    )
     machine = {"cores": 2, "usable_cores": 2, "load_average": [1.0, 1.5, 2.0]}
-    result = summarize_text({"runs": runs, "workers": 2, "processes": 2, "repeats": 3, "samples": 10, "data": "d",
-                             "settings": {"batch_size": 8, "max_tokens": 16, "bucket_by_size": True},
-                             "machine": {"before": machine, "after": machine}})  # fmt: skip
+    result = summarize_text(
+        {
+            "runs": runs,
+            "workers": 2,
+            "processes": 2,
+            "repeats": 3,
+            "samples": 10,
+            "data": "d",
+            "settings": {"batch_size": 8, "max_tokens": 16, "bucket_by_size": True},
+            "machine": {"before": machine, "after": machine},
+        }
+    )
     assert tuple(result["ratios"]) == TEXT_RATIO_KEYS
-    expected = {"loader_vs_tokenize": 180 / 250, "loader_vs_encode_batch": 0.9, "loader_vs_encode_loop": 180 / 250,
-                "unbucketed_vs_tokenize": 0.48}  # fmt: skip
+    expected = {
+        "loader_vs_tokenize": 180 / 250,
+        "loader_vs_encode_batch": 0.9,
+        "loader_vs_encode_loop": 180 / 250,
+        "unbucketed_vs_tokenize": 0.48,
+    }
     assert result["ratios"] == pytest.approx(expected)
     text = text_table(result)
     assert "| (c) padding share, bucket_by_size | one epoch | 10.0% |" in text
@@ -207,8 +234,16 @@ def test_the_text_task_has_its_own_search_space_and_the_image_task_keeps_the_def
 
 @pytest.mark.slow
 def test_tune_runs_two_tiny_trials_of_the_text_task_with_its_search_space(text_data, tmp_path):
-    args = ["--n-trials=2", "--study-name=text", "--config", str(TEXT_CONFIG), f"--data.root={text_data}",
-            "--model.heads=2", "--model.layers=1", *TINY_RUN]  # fmt: skip
+    args = [
+        "--n-trials=2",
+        "--study-name=text",
+        "--config",
+        str(TEXT_CONFIG),
+        f"--data.root={text_data}",
+        "--model.heads=2",
+        "--model.layers=1",
+        *TINY_RUN,
+    ]
     result = run_here("project.tune", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     storage = f"sqlite:///{tmp_path / 'logs' / 'text' / 'study.db'}"
@@ -241,8 +276,13 @@ def test_predict_reads_a_plain_folder_of_txt_files_by_path(text_run: Path, tmp_p
         (folder / name).write_text(text)
     (folder / "image.jpg").write_bytes(b"not read by the text task")
     out = tmp_path / "rows.jsonl"
-    args = [f"--ckpt_path={text_run / 'checkpoints' / 'best.ckpt'}", f"--data.predict={folder}", f"--out={out}",
-            "--top_k=2", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    args = [
+        f"--ckpt_path={text_run / 'checkpoints' / 'best.ckpt'}",
+        f"--data.predict={folder}",
+        f"--out={out}",
+        "--top_k=2",
+        "--trainer.enable_progress_bar=false",
+    ]
     result = run_here("project.predict", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -252,10 +292,22 @@ def test_predict_reads_a_plain_folder_of_txt_files_by_path(text_run: Path, tmp_p
 
 
 def test_active_learning_runs_on_text_shards_with_the_pool_s_tokenizer(text_data: Path, tmp_path: Path):
-    args = [f"--pool={text_data / 'train'}", f"--labeled={tmp_path / 'labeled'}", f"--run={tmp_path / 'run'}",
-            "--budget=16", "--initial=16", "--rounds=1", "--strategy=margin", "--config", str(TEXT_CONFIG),
-            f"--data.root={text_data}", *TINY_MODEL, "--data.batch_size=8", "--trainer.max_steps=6",
-            "--trainer.enable_progress_bar=false"]  # fmt: skip
+    args = [
+        f"--pool={text_data / 'train'}",
+        f"--labeled={tmp_path / 'labeled'}",
+        f"--run={tmp_path / 'run'}",
+        "--budget=16",
+        "--initial=16",
+        "--rounds=1",
+        "--strategy=margin",
+        "--config",
+        str(TEXT_CONFIG),
+        f"--data.root={text_data}",
+        *TINY_MODEL,
+        "--data.batch_size=8",
+        "--trainer.max_steps=6",
+        "--trainer.enable_progress_bar=false",
+    ]
     result = run_here("project.active", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     labeled = tmp_path / "labeled"

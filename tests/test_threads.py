@@ -52,9 +52,14 @@ def four_cores(monkeypatch):
 def fit(module, policy, tmp_path, ckpt_path=None, extra=(), **trainer_args):
     trainer_args = {"max_epochs": 1, **trainer_args}
     trainer = L.Trainer(
-        accelerator="cpu", callbacks=[policy, *extra], logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path, **trainer_args,
-    )  # fmt: skip
+        accelerator="cpu",
+        callbacks=[policy, *extra],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **trainer_args,
+    )
     trainer.fit(module, ckpt_path=ckpt_path)
     return trainer
 

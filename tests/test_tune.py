@@ -10,19 +10,33 @@ import yaml
 from optuna.trial import TrialState
 
 from project.errors import UserError
-from project.tune import as_flags, load_search, main, open_study, suggest
+from project.tune.run import main
+from project.tune.space import as_flags, load_search
+from project.tune.study import open_study, suggest
 
 from .conftest import REPO, run_here
 
-TINY = ["--data.image_size=16", "--data.batch_size=32", "--data.num_workers=0", "--trainer.max_epochs=1",
-        "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false"]  # fmt: skip
+TINY = [
+    "--data.image_size=16",
+    "--data.batch_size=32",
+    "--data.num_workers=0",
+    "--trainer.max_epochs=1",
+    "--trainer.limit_train_batches=2",
+    "--trainer.limit_val_batches=2",
+    "--trainer.num_sanity_val_steps=0",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
 
 
 def write_search(path: Path, pruner: dict | None = None) -> Path:
-    search = {"pruner": pruner, "params": {"model.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True},
-              "data.augment": {"type": "categorical", "choices": ["none", "light"]}}}  # fmt: skip
+    search = {
+        "pruner": pruner,
+        "params": {
+            "model.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True},
+            "data.augment": {"type": "categorical", "choices": ["none", "light"]},
+        },
+    }
     path.write_text(yaml.safe_dump(search))
     return path
 
@@ -30,12 +44,24 @@ def write_search(path: Path, pruner: dict | None = None) -> Path:
 def test_the_default_search_space_draws_values_of_the_right_kinds():
     search = load_search(REPO / "configs" / "tune" / "default.yaml")
     assert search["metric"] == "val/acc" and search["direction"] == "maximize"
-    values = suggest(optuna.trial.FixedTrial({"model.lr": 0.001, "model.weight_decay": 0.01, "model.width": 16,
-                                              "model.label_smoothing": 0.1, "data.batch_size": 64}),
-                     search["params"])  # fmt: skip
+    values = suggest(
+        optuna.trial.FixedTrial(
+            {
+                "model.lr": 0.001,
+                "model.weight_decay": 0.01,
+                "model.width": 16,
+                "model.label_smoothing": 0.1,
+                "data.batch_size": 64,
+            }
+        ),
+        search["params"],
+    )
     assert values["model.width"] == 16 and values["data.batch_size"] == 64
     assert as_flags({"model.lr": 0.001, "data.augment": "light", "data.classes": None}) == [
-        "--model.lr=0.001", "--data.augment=light", "--data.classes=null"]  # fmt: skip
+        "--model.lr=0.001",
+        "--data.augment=light",
+        "--data.classes=null",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -79,8 +105,15 @@ def test_a_search_key_that_is_no_config_key_stops_before_any_trial(tiny_demo, tm
 @pytest.mark.slow
 def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_path):
     data = f"--data.root={tiny_demo}"
-    first = run_here("project.tune", "--n-trials=2", f"--search={write_search(tmp_path / 'a.yaml')}",
-                       "--study-name=tiny", data, *TINY, cwd=tmp_path)  # fmt: skip
+    first = run_here(
+        "project.tune",
+        "--n-trials=2",
+        f"--search={write_search(tmp_path / 'a.yaml')}",
+        "--study-name=tiny",
+        data,
+        *TINY,
+        cwd=tmp_path,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     storage = f"sqlite:///{tmp_path / 'logs' / 'tiny' / 'study.db'}"
     trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
@@ -96,16 +129,22 @@ def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_p
 
     # resumed with a pruner that prunes at the first report: the study grows to 3 trials, the third pruned
     pruner = {"name": "ThresholdPruner", "lower": 1.01}
-    resumed = run_here("project.tune", "--n-trials=3", f"--search={write_search(tmp_path / 'b.yaml', pruner)}",
-                         "--study-name=tiny", data, *TINY, cwd=tmp_path)  # fmt: skip
+    resumed = run_here(
+        "project.tune",
+        "--n-trials=3",
+        f"--search={write_search(tmp_path / 'b.yaml', pruner)}",
+        "--study-name=tiny",
+        data,
+        *TINY,
+        cwd=tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
     assert "trial 2 pruned" in resumed.stderr
 
     best = max(trials[:2], key=lambda t: t.value)
-    trained = run_here("project.train", "--config=logs/tiny/best.yaml", "--trainer.limit_test_batches=1",
-                         cwd=tmp_path)  # fmt: skip
+    trained = run_here("project.train", "--config=logs/tiny/best.yaml", "--trainer.limit_test_batches=1", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     config = yaml.safe_load((tmp_path / "logs" / "tiny" / "version_0" / "config.yaml").read_text())
     assert config["model"]["init_args"]["lr"] == pytest.approx(best.params["model.lr"])

@@ -16,25 +16,42 @@ import pytest
 import yaml
 
 from project.errors import UserError
-from project.tune import main
+from project.tune.run import main
 
 from .conftest import run_module
 
-TINY = ["--data.image_size=16", "--data.batch_size=32", "--data.num_workers=0", "--trainer.limit_train_batches=2",
-        "--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false"]  # fmt: skip
+TINY = [
+    "--data.image_size=16",
+    "--data.batch_size=32",
+    "--data.num_workers=0",
+    "--trainer.limit_train_batches=2",
+    "--trainer.limit_val_batches=2",
+    "--trainer.num_sanity_val_steps=0",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
 
 
 def write_search(path: Path) -> Path:
-    search = {"params": {"model.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True},
-                         "data.augment": {"type": "categorical", "choices": ["none", "light"]}}}  # fmt: skip
+    search = {
+        "params": {
+            "model.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True},
+            "data.augment": {"type": "categorical", "choices": ["none", "light"]},
+        }
+    }
     path.write_text(yaml.safe_dump(search))
     return path
 
 
 def tune_command(tiny_demo: Path, tmp_path: Path, study: str, *extra: str) -> list[str]:
-    return ["--backend=ray", f"--search={write_search(tmp_path / 'search.yaml')}", f"--study-name={study}",
-            f"--data.root={tiny_demo}", *TINY, *extra]  # fmt: skip
+    return [
+        "--backend=ray",
+        f"--search={write_search(tmp_path / 'search.yaml')}",
+        f"--study-name={study}",
+        f"--data.root={tiny_demo}",
+        *TINY,
+        *extra,
+    ]
 
 
 def test_without_ray_the_backend_is_one_line(monkeypatch):
@@ -63,7 +80,7 @@ def test_every_distribution_of_the_search_file_has_its_ray_equivalent():
     pytest.importorskip("ray.tune")
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    from project.tune_ray import space
+    from project.tune.ray_trials import space
 
     params = {
         "a": {"type": "float", "low": 0.1, "high": 1.0, "log": True},
@@ -99,8 +116,9 @@ def test_an_asha_run_writes_trials_and_a_best_config_that_trains(tiny_demo, tmp_
         run = tmp_path / "logs" / "asha" / f"trial_{number}"
         assert list(run.glob("events.out.tfevents.*")) and (run / "config.yaml").is_file()
     best = yaml.safe_load((tmp_path / "logs" / "asha" / "best.yaml").read_text())
-    trained = run_module("project.train", "--config=logs/asha/best.yaml", "--trainer.limit_test_batches=1",
-                         cwd=tmp_path)  # fmt: skip
+    trained = run_module(
+        "project.train", "--config=logs/asha/best.yaml", "--trainer.limit_test_batches=1", cwd=tmp_path
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     config = yaml.safe_load((tmp_path / "logs" / "asha" / "version_0" / "config.yaml").read_text())
     assert config["model"]["init_args"]["lr"] == pytest.approx(best["model"]["init_args"]["lr"])
@@ -114,8 +132,11 @@ def test_pbt_exploits_by_restoring_a_better_trials_checkpoint(tiny_demo, tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [json.loads(line) for line in next((tmp_path / "logs" / "pbt" / "ray").glob("*/pbt_global.txt")).open()]
     assert steps and "PBT: " in result.stdout
-    restored = [line for path in (tmp_path / "logs" / "pbt").glob("trial_*/restored.txt")
-                for line in path.read_text().splitlines()]  # fmt: skip
+    restored = [
+        line
+        for path in (tmp_path / "logs" / "pbt").glob("trial_*/restored.txt")
+        for line in path.read_text().splitlines()
+    ]
     assert restored and all(Path(line).name.startswith("checkpoint_") for line in restored)
     for step in steps:  # each exploit perturbed the learning rate, and kept what PBT may not change
         old, new = step[4], step[5]
@@ -125,10 +146,22 @@ def test_pbt_exploits_by_restoring_a_better_trials_checkpoint(tiny_demo, tmp_pat
 @pytest.mark.slow
 def test_a_killed_experiment_resumes_to_n_trials(tiny_demo, tmp_path):
     pytest.importorskip("ray.tune")
-    command = tune_command(tiny_demo, tmp_path, "killed", "--n-trials=2", "--scheduler=fifo", "--trainer.max_epochs=2",
-                           "--resources-per-trial=cpu=2")  # fmt: skip  # one trial at a time
-    process = subprocess.Popen([sys.executable, "-m", "project.tune", *command], cwd=tmp_path, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    command = tune_command(
+        tiny_demo,
+        tmp_path,
+        "killed",
+        "--n-trials=2",
+        "--scheduler=fifo",
+        "--trainer.max_epochs=2",
+        "--resources-per-trial=cpu=2",
+    )  # one trial at a time
+    process = subprocess.Popen(
+        [sys.executable, "-m", "project.tune", *command],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     experiment = tmp_path / "logs" / "killed" / "ray" / "killed"
     deadline = time.monotonic() + 300
     while not list(experiment.glob("trainable_*/checkpoint_000000")) and time.monotonic() < deadline:
@@ -151,11 +184,12 @@ def test_a_trial_restored_from_another_takes_its_own_learning_rate_and_weight_de
 
     import torch
 
-    from project.tune_ray import NewHyperparameters
+    from project.tune.ray_trials import NewHyperparameters
 
     weights, bias = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.AdamW([{"params": [weights], "lr": 0.01, "weight_decay": 0.1},
-                                   {"params": [bias], "lr": 0.001, "weight_decay": 0.0}])  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        [{"params": [weights], "lr": 0.01, "weight_decay": 0.1}, {"params": [bias], "lr": 0.001, "weight_decay": 0.0}]
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)  # the donor's, half-way
     trainer = SimpleNamespace(optimizers=[optimizer], lr_scheduler_configs=[SimpleNamespace(scheduler=schedule)])
     module = SimpleNamespace(hparams={"lr": 0.02, "weight_decay": 0.05})
@@ -175,8 +209,15 @@ def test_a_missing_data_path_stops_both_backends_before_any_trial(tmp_path):
         if backend == "ray":
             pytest.importorskip("ray.tune")
         with pytest.raises(UserError, match="data path not found: data/missing/train"):
-            main([f"--backend={backend}", "--n-trials=2", "--data.root=data/missing", f"--study-name=m-{backend}",
-                  f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
+            main(
+                [
+                    f"--backend={backend}",
+                    "--n-trials=2",
+                    "--data.root=data/missing",
+                    f"--study-name=m-{backend}",
+                    f"--trainer.logger.init_args.save_dir={tmp_path}",
+                ]
+            )
 
 
 @pytest.mark.slow
@@ -187,21 +228,50 @@ def test_a_ray_study_on_a_running_cluster_with_relative_paths_and_one_whose_tria
     ray = str(Path(sys.executable).parent / "ray")
     (tmp_path / "demo").symlink_to(tiny_demo)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    started = subprocess.run([ray, "start", "--head", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-                              "--include-dashboard=false", "--disable-usage-stats"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=180)  # fmt: skip
+    started = subprocess.run(
+        [
+            ray,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert started.returncode == 0, started.stderr[-3000:]
     try:
         search = write_search(tmp_path / "search.yaml")
         common = [f"--search={search.name}", "--data.root=demo", "--backend=ray", "--address=auto", *TINY]
-        result = run_module("project.tune", *common, "--study-name=cluster", "--n-trials=2", "--scheduler=fifo",
-                            "--trainer.max_epochs=1", cwd=tmp_path, timeout=600)  # fmt: skip
+        result = run_module(
+            "project.tune",
+            *common,
+            "--study-name=cluster",
+            "--n-trials=2",
+            "--scheduler=fifo",
+            "--trainer.max_epochs=1",
+            cwd=tmp_path,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         assert "experiment cluster: 2 trials" in result.stdout and (tmp_path / "logs/cluster/best.yaml").is_file()
         failing = tmp_path / "failing.yaml"
         failing.write_text(yaml.safe_dump({"params": {"data.batch_size": {"type": "categorical", "choices": [0]}}}))
-        failed = run_module("project.tune", *common, f"--search={failing.name}", "--study-name=failing",
-                            "--n-trials=2", "--trainer.max_epochs=1", cwd=tmp_path, timeout=600)  # fmt: skip
+        failed = run_module(
+            "project.tune",
+            *common,
+            f"--search={failing.name}",
+            "--study-name=failing",
+            "--n-trials=2",
+            "--trainer.max_epochs=1",
+            cwd=tmp_path,
+            timeout=600,
+        )
         assert failed.returncode == 2, failed.stderr[-3000:]
         (line,) = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
         assert line == "error: every trial failed; the first: data.batch_size must be positive, got 0", line

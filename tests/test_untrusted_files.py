@@ -20,9 +20,9 @@ import torch
 from project.callbacks.checkpoint_io import AtomicCheckpointIO, load_checkpoint_file
 from project.data.files import pack_folder
 from project.data.private import private_folder
-from project.data.redact import redact, redact_text
 from project.data.remote import cached, open_url
 from project.errors import UserError
+from project.redact import redact, redact_text
 
 from .conftest import jpeg, run_here
 
@@ -100,10 +100,15 @@ def test_every_command_that_loads_a_checkpoint_refuses_one_that_runs_code(tiny_d
     runs = {
         "train": ("project.train", *data, f"--ckpt_path={evil}", "--trainer.max_epochs=1"),
         "evaluate": ("project.evaluate", *data, f"--ckpt_path={evil}"),
-        "predict": ("project.predict", *data, f"--ckpt_path={evil}", f"--data.predict={tiny_demo}/val",
-                    f"--out={tmp_path / 'p.jsonl'}"),
+        "predict": (
+            "project.predict",
+            *data,
+            f"--ckpt_path={evil}",
+            f"--data.predict={tiny_demo}/val",
+            f"--out={tmp_path / 'p.jsonl'}",
+        ),
         "export": ("project.export", f"--ckpt_path={evil}", f"--out={tmp_path / 'export'}", *data),
-    }  # fmt: skip
+    }
     for name, (module, *args) in runs.items():
         result = run_here(module, *args, cwd=tmp_path)
         assert result.returncode == 2, (name, result.stderr[-2000:])
@@ -152,8 +157,10 @@ def test_two_urls_never_share_a_cached_copy(tmp_path):
         (tmp_path / relative).write_bytes(content)
     httpd, handler, base = serve(tmp_path)
     try:
-        copies = {url: cached(url, tmp_path / "cache", None) for url in
-                  (f"{base}/d/a_b.tar", f"{base}/d_a/b.tar", f"{base}/q.tar?v=1", f"{base}/q.tar?v=2")}  # fmt: skip
+        copies = {
+            url: cached(url, tmp_path / "cache", None)
+            for url in (f"{base}/d/a_b.tar", f"{base}/d_a/b.tar", f"{base}/q.tar?v=1", f"{base}/q.tar?v=2")
+        }
     finally:
         httpd.shutdown()
     assert len(set(copies.values())) == 4
@@ -210,8 +217,10 @@ def test_predict_packs_a_plain_folder_in_a_private_folder_only(tmp_path):
 @pytest.mark.parametrize(
     ("shown", "expected"),
     [
-        ("pipe:curl -s -H 'Authorization: Bearer tok3n-Secret99' https://h/x.tar?sig=abc",
-         "pipe:curl -s -H *** https://h/x.tar?sig=***"),
+        (
+            "pipe:curl -s -H 'Authorization: Bearer tok3n-Secret99' https://h/x.tar?sig=abc",
+            "pipe:curl -s -H *** https://h/x.tar?sig=***",
+        ),
         ("pipe:curl -u reader:s3cret https://h/a.tar", "pipe:curl -u *** https://h/a.tar"),
         ("pipe:curl --user=reader:s3cret http://h/a.tar", "pipe:curl --user=*** http://h/a.tar"),
         ("pipe:aws s3 cp s3://bucket/train/a.tar -", "pipe:aws s3 cp s3://bucket/train/a.tar -"),
@@ -222,7 +231,7 @@ def test_predict_packs_a_plain_folder_in_a_private_folder_only(tmp_path):
         ("sqlite:///logs/mlflow.db", "sqlite:///logs/mlflow.db"),
         ("sqlite:///logs/token-is-Secret0123456789xyz/mlflow.db", "sqlite:///logs/***/mlflow.db"),
     ],
-)  # fmt: skip
+)
 def test_secrets_in_commands_fragments_and_paths_are_redacted(shown, expected):
     assert redact(shown) == expected
 

@@ -15,7 +15,7 @@ import pytest
 from project.data import shard_index as shards_module
 from project.data.plan import eval_plan, train_plan
 from project.data.shard_index import INDEX_NAME, MAX_SHARD_SAMPLES, Shard, read_index, write_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.errors import UserError
 from project.tasks.labels import MAX_CLASSES, index_classes
 
@@ -65,9 +65,18 @@ def test_an_index_that_lists_a_command_is_refused_on_every_path_that_reads_one(t
         "index": ("project.data.index", str(part), "--out", str(tmp_path / "new" / INDEX_NAME)),
         "prepare": ("project.data.prepare", str(data / "train"), "--out", str(tmp_path / "re"), "--workers", "1"),
         "train": ("project.train", f"--data.root={data}", "--trainer.max_epochs=1", "--data.num_workers=0"),
-        "active": ("project.active", "--pool", str(data / "train"), "--labeled", str(tmp_path / "labeled"),
-                   "--budget", "1", "--rounds", "1"),
-    }  # fmt: skip
+        "active": (
+            "project.active",
+            "--pool",
+            str(data / "train"),
+            "--labeled",
+            str(tmp_path / "labeled"),
+            "--budget",
+            "1",
+            "--rounds",
+            "1",
+        ),
+    }
     for name, (module, *args) in runs.items():
         result = run_here(module, *args, cwd=tmp_path)
         assert result.returncode == 2, (name, result.stderr[-2000:])

@@ -148,7 +148,7 @@ def test_an_index_listing_huge_classes_is_refused_when_a_prepare_re_shards_it(tm
 
 def test_two_files_whose_keys_coincide_are_both_kept_under_keys_of_their_own(tmp_path):
     from project.data.samples import read_samples
-    from project.data.shards import resolve_shards
+    from project.data.specs import resolve_shards
 
     (tmp_path / "a.jpg").write_bytes(image(9))
     (tmp_path / "a_jpg").write_bytes(image(10))  # sanitizes to the same key as a.jpg

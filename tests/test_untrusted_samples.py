@@ -14,7 +14,7 @@ import torch
 from webdataset import TarWriter
 
 from project.data.shard_index import INDEX_NAME, Shard, write_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import DecodeError
 from project.tasks.image.data import ImageShards
@@ -77,8 +77,14 @@ def write_hostile_split(folder: Path, hostile: dict) -> list[str]:
 def test_every_hostile_image_sample_is_skipped_and_counted_with_its_reason(tmp_path, stage):
     good = write_hostile_split(tmp_path / "val", HOSTILE)
     task = image_task()
-    stream = ShardStream(resolve_shards(str(tmp_path / "val")).shards, task, stage=stage, batch_size=19,
-                         shuffle_buffer=32, skip_corrupt=True)  # fmt: skip
+    stream = ShardStream(
+        resolve_shards(str(tmp_path / "val")).shards,
+        task,
+        stage=stage,
+        batch_size=19,
+        shuffle_buffer=32,
+        skip_corrupt=True,
+    )
     tracemalloc.start()
     try:
         batches = epoch_batches(stream, 0)
@@ -100,8 +106,9 @@ def test_the_device_path_skips_a_bad_label_in_the_worker(tmp_path):
     hostile = {key: HOSTILE[key] for key in ("json_number", "cls_out_of_range", "cls_thirty_digits")}
     good = write_hostile_split(tmp_path / "val", hostile)
     task = image_task(decode_on="device")
-    stream = ShardStream(resolve_shards(str(tmp_path / "val")).shards, task, stage="val", batch_size=9,
-                         skip_corrupt=True)  # fmt: skip
+    stream = ShardStream(
+        resolve_shards(str(tmp_path / "val")).shards, task, stage="val", batch_size=9, skip_corrupt=True
+    )
     batches = epoch_batches(stream, 0)
     assert sorted(key for batch in batches for key in batch.keys) == good
     assert {key for batch in batches for _, key, _ in batch.skipped} == set(hostile)
@@ -109,8 +116,9 @@ def test_the_device_path_skips_a_bad_label_in_the_worker(tmp_path):
 
 def test_predict_reads_an_out_of_range_label_as_none(tmp_path):
     write_hostile_split(tmp_path / "val", {key: HOSTILE[key] for key in ("cls_out_of_range", "cls_thirty_digits")})
-    stream = ShardStream(resolve_shards(str(tmp_path / "val")).shards, image_task(), stage="predict", batch_size=8,
-                         skip_corrupt=True)  # fmt: skip
+    stream = ShardStream(
+        resolve_shards(str(tmp_path / "val")).shards, image_task(), stage="predict", batch_size=8, skip_corrupt=True
+    )
     (batch,) = epoch_batches(stream, 0)
     labels = dict(zip(batch.keys, batch.label.tolist(), strict=True))
     assert labels["cls_out_of_range"] == labels["cls_thirty_digits"] == -1 and not batch.skipped

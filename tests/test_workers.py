@@ -106,10 +106,19 @@ def test_workers_start_without_running_the_entry_point_again_or_warning(demo, tm
     again (it would import the entry point's dependencies in every worker of every epoch) nor warn that
     it was "found in sys.modules" (24 times in a default run, when the server imported it by name)."""
     (tmp_path / "my_entry.py").write_text(ENTRY_POINT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])]),
-           "PYTHONWARNINGS": "default"}  # fmt: skip
-    result = subprocess.run([sys.executable, "-m", "my_entry", str(demo)], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])]),
+        "PYTHONWARNINGS": "default",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "my_entry", str(demo)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "found in sys.modules" not in result.stderr and "RuntimeWarning" not in result.stderr, result.stderr
     runs = [line for line in result.stderr.splitlines() if line.startswith("entry point ran in")]
@@ -172,8 +181,9 @@ def test_workers_and_their_server_stop_when_the_training_process_is_killed(demo)
     from project.data.workers import process_alive
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    trainer = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, str(demo)], stdout=subprocess.PIPE,
-                               text=True, env=env)  # fmt: skip
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_TRAINER, str(demo)], stdout=subprocess.PIPE, text=True, env=env
+    )
     workers = [int(pid) for pid in trainer.stdout.readline().split()]
     assert len(workers) == 2
     server = parent(workers[0])
@@ -197,7 +207,7 @@ def test_a_pool_stopped_early_does_not_wait_for_workers_that_ignore_sigterm():
     from the forkserver, which ignores SIGTERM) kept a test waiting forever. Stopping early kills them."""
     import threading
 
-    from project.shards.parallel import imap_unordered
+    from project.data.parallel import imap_unordered
 
     def stop_early() -> None:
         results = imap_unordered(stubborn_job, [0.0, 60.0, 60.0], workers=2)
@@ -227,7 +237,7 @@ def failing_job(job: int) -> int:
 
 
 def test_a_pool_raises_a_jobs_error_with_its_traceback_and_names_a_worker_that_died():
-    from project.shards.parallel import RemoteTraceback, WorkerDied, imap_unordered
+    from project.data.parallel import RemoteTraceback, WorkerDied, imap_unordered
 
     assert sorted(imap_unordered(failing_job, range(3), workers=2)) == [0, 10, 20]
     assert sorted(imap_unordered(failing_job, iter(range(3)), workers=8)) == [0, 10, 20]  # fewer jobs than workers

@@ -84,8 +84,9 @@ def test_zizmor_finds_nothing_and_would_find_an_unpinned_action(tmp_path):
     zizmor = tool("zizmor")
     if zizmor is None:
         pytest.skip("zizmor is not installed (pip install -e '.[dev]' installs it)")
-    clean = subprocess.run([zizmor, "--offline", "--persona", "pedantic", str(REPO / ".github")],
-                           capture_output=True, text=True)  # fmt: skip
+    clean = subprocess.run(
+        [zizmor, "--offline", "--persona", "pedantic", str(REPO / ".github")], capture_output=True, text=True
+    )
     assert clean.returncode == 0, clean.stdout + clean.stderr
     risky = tmp_path / ".github" / "workflows"
     risky.mkdir(parents=True)

@@ -28,16 +28,18 @@ def summarize(rows: list[dict]) -> list[dict]:
     for (strategy, round_), group in sorted(groups.items()):
         labeled = [row["labeled"] for row in group]
         accs = [float(row["acc"]) for row in group]
-        summary.append({
-            "strategy": strategy,
-            "round": round_,
-            "labeled": int(labeled[0]) if len(set(labeled)) == 1 else statistics.fmean(labeled),
-            "acc_mean": statistics.fmean(accs),
-            "acc_std": statistics.pstdev(accs) if len(accs) > 1 else 0.0,
-            "acc_min": min(accs),
-            "acc_max": max(accs),
-            "seeds": len(group),
-        })  # fmt: skip
+        summary.append(
+            {
+                "strategy": strategy,
+                "round": round_,
+                "labeled": int(labeled[0]) if len(set(labeled)) == 1 else statistics.fmean(labeled),
+                "acc_mean": statistics.fmean(accs),
+                "acc_std": statistics.pstdev(accs) if len(accs) > 1 else 0.0,
+                "acc_min": min(accs),
+                "acc_max": max(accs),
+                "seeds": len(group),
+            }
+        )
     return summary
 
 
@@ -117,16 +119,18 @@ def compare(rows: list[dict], baseline: str = "random") -> list[dict]:
             previous = point
         common = sorted(set(curve) & set(base))
         gains = [round((curve[r]["acc_mean"] - base[r]["acc_mean"]) * 100, 6) for r in common]
-        comparison.append({
-            "strategy": strategy,
-            "baseline": baseline,
-            "baseline_final_acc": target,
-            "baseline_final_labels": base_labels,
-            "labels_to_match": labels,
-            "label_ratio": round(labels / base_labels, 6) if labels is not None and base_labels else None,
-            "best_gain_points": max(gains) if gains else None,
-            "final_gain_points": gains[-1] if gains else None,
-        })  # fmt: skip
+        comparison.append(
+            {
+                "strategy": strategy,
+                "baseline": baseline,
+                "baseline_final_acc": target,
+                "baseline_final_labels": base_labels,
+                "labels_to_match": labels,
+                "label_ratio": round(labels / base_labels, 6) if labels is not None and base_labels else None,
+                "best_gain_points": max(gains) if gains else None,
+                "final_gain_points": gains[-1] if gains else None,
+            }
+        )
     return comparison
 
 
@@ -150,6 +154,7 @@ def claim_lines(comparison: list[dict]) -> list[str]:
         final, best = item["final_gain_points"], item["best_gain_points"]
         if final is not None:
             side = "above" if final >= 0 else "below"
-            lines.append(f"at equal labels, {name} is {final:+.1f} points {side} {base} at the last round "
-                         f"(best {best:+.1f})")  # fmt: skip
+            lines.append(
+                f"at equal labels, {name} is {final:+.1f} points {side} {base} at the last round (best {best:+.1f})"
+            )
     return lines

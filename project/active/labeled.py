@@ -17,8 +17,8 @@ from pathlib import Path
 from project.data.remote import is_remote, local_path
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, Shard, ShardIndex, read_index, write_index
+from project.data.tarwriter import FastTarWriter
 from project.errors import UserError
-from project.shards.tarwriter import FastTarWriter
 
 # what a pool's folder may hold beside its index that a task reads there (the text task's tokenizer)
 COMPANION_FILES = ("tokenizer.json",)

@@ -24,16 +24,16 @@ import torch
 from lightning.pytorch import Callback
 
 from project.active import labeled as labeled_set
-from project.active.oracle import REQUEST, read_answers, write_request
+from project.active.oracle import get_labels
 from project.active.strategies import Selected, Strategy, make_strategy
 from project.callbacks.checkpoint_io import load_checkpoint_file
 from project.data.atomic import replace_atomically, write_json_atomically
 from project.data.loader import EpochLoader
-from project.data.redact import redact
 from project.data.shard_index import INDEX_NAME, ShardIndex
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import UserError
+from project.redact import redact
 
 WAITING = "waiting for labels"
 
@@ -65,9 +65,12 @@ class PoolScorer(Callback):
         if rows:
             index = torch.tensor(rows, device=outputs.probs.device)
             embeddings = outputs.embeddings.index_select(0, index) if self.strategy.needs_embeddings else None
-            self.strategy.update([outputs.keys[r] for r in rows], [outputs.urls[r] for r in rows],
-                                 outputs.probs.index_select(0, index).cpu(),
-                                 None if embeddings is None else embeddings.cpu())  # fmt: skip
+            self.strategy.update(
+                [outputs.keys[r] for r in rows],
+                [outputs.urls[r] for r in rows],
+                outputs.probs.index_select(0, index).cpu(),
+                None if embeddings is None else embeddings.cpu(),
+            )
 
 
 class ActiveLoop:
@@ -88,8 +91,15 @@ class ActiveLoop:
                 self.labeled, round_shard(number + 1)
             )
             metrics, cli = self.train(number, folder, selecting)
-            rows.append({"strategy": self.strategy, "seed": self.seed, "round": number,
-                         "labeled": metrics["labeled"], "acc": metrics.get("test/acc", float("nan"))})  # fmt: skip
+            rows.append(
+                {
+                    "strategy": self.strategy,
+                    "seed": self.seed,
+                    "round": number,
+                    "labeled": metrics["labeled"],
+                    "acc": metrics.get("test/acc", float("nan")),
+                }
+            )
             if selecting:
                 selected = self.select(number, folder, cli)
                 if not self.label_and_append(number, folder, selected, cli):
@@ -103,9 +113,14 @@ class ActiveLoop:
     def round_cli(self, number: int, folder: Path) -> Any:
         from project.cli import ProjectCLI
 
-        flags = [*self.settings.overrides, f"--data.train={self.labeled / INDEX_NAME}",
-                 f"--data.predict={self.settings.pool_spec}", f"--seed_everything={self.seed}",
-                 f"--data.seed={self.seed}", f"--trainer.default_root_dir={folder}"]  # fmt: skip
+        flags = [
+            *self.settings.overrides,
+            f"--data.train={self.labeled / INDEX_NAME}",
+            f"--data.predict={self.settings.pool_spec}",
+            f"--seed_everything={self.seed}",
+            f"--data.seed={self.seed}",
+            f"--trainer.default_root_dir={folder}",
+        ]
         cli = ProjectCLI(args=[*flags, *(logger_flags(folder) if self.settings.tensorboard else [])])
         if cli.trainer.world_size > 1:
             raise UserError("project.active runs each round in one process: drop the multi-device trainer settings")
@@ -193,20 +208,29 @@ class ActiveLoop:
                 else:
                     url = None
                 if url is None or redact(url) != row["shard"]:
-                    raise UserError(f"{path}: shard {row['shard']} of key {row['key']!r} is not where it was in the "
-                                    f"pool ({self.settings.pool_spec!r}): give the same --pool as before")  # fmt: skip
+                    raise UserError(
+                        f"{path}: shard {row['shard']} of key {row['key']!r} is not where it was in the "
+                        f"pool ({self.settings.pool_spec!r}): give the same --pool as before"
+                    )
                 selected.append(Selected(row["key"], url, float(row["score"])))
         return selected
 
     def labeled_embeddings(self, cli: Any) -> torch.Tensor:
         """The model's embeddings of the labeled set (kcenter measures distances from it)."""
         data, model = cli.datamodule, cli.model
-        stream = ShardStream(resolve_shards(str(self.labeled / INDEX_NAME)).shards, data, stage="predict",
-                             batch_size=data.batch_size, skip_corrupt=True)  # fmt: skip
+        stream = ShardStream(
+            resolve_shards(str(self.labeled / INDEX_NAME)).shards,
+            data,
+            stage="predict",
+            batch_size=data.batch_size,
+            skip_corrupt=True,
+        )
         model.eval()
         with torch.no_grad():
-            parts = [model.predict_step(model.transfer_batch_to_device(batch, model.device, 0), 0).embeddings.cpu()
-                     for batch in EpochLoader(stream, None, num_workers=0)]  # fmt: skip
+            parts = [
+                model.predict_step(model.transfer_batch_to_device(batch, model.device, 0), 0).embeddings.cpu()
+                for batch in EpochLoader(stream, None, num_workers=0)
+            ]
         return torch.cat(parts) if parts else torch.empty(0)
 
     # -- label and append -----------------------------------------------------------------------------
@@ -222,8 +246,13 @@ class ActiveLoop:
         return True
 
     def save_state(self, rows: list[dict], status: str) -> None:
-        state = {"strategy": self.strategy, "seed": self.seed, "status": status, "labeled_set": str(self.labeled),
-                 "rounds": rows}  # fmt: skip
+        state = {
+            "strategy": self.strategy,
+            "seed": self.seed,
+            "status": status,
+            "labeled_set": str(self.labeled),
+            "rounds": rows,
+        }
         write_json_atomically(self.folder / "state.json", state)
 
 
@@ -234,41 +263,8 @@ def round_shard(number: int) -> str:
 def logger_flags(folder: Path) -> list[str]:
     """The round's TensorBoard run in `folder` itself: <run>/<strategy>/seed_<s>/round_<r>/."""
     prefix = "--trainer.logger.init_args"
-    return [f"{prefix}.save_dir={folder.parent.parent}", f"{prefix}.name={folder.parent.name}",
-            f"{prefix}.version={folder.name}"]  # fmt: skip
-
-
-def get_labels(folder: Path, pairs: list[tuple[str, str]], settings: Settings, label_members: frozenset[str],
-               what: str) -> list[dict] | None:  # fmt: skip
-    """The labeled samples of the (key, shard) pairs, from the oracle; None while a human has not answered.
-
-    simulated: the pool's samples as they are, label members included. human: the first call writes
-    folder/to_label.csv and returns None; once it is filled in, the samples without their own label
-    members and with a `.cls` holding the answer. Bad rows are printed, one line each, and left out.
-    """
-    if settings.oracle == "simulated":
-        samples = labeled_set.fetch(pairs)
-        unlabeled = next((key for key, sample in samples.items() if not label_members & sample.keys()), None)
-        if unlabeled is not None:
-            raise UserError(f"the simulated oracle needs the pool's labels, and sample {unlabeled!r} has none: "
-                            "use --oracle human")  # fmt: skip
-        return [samples[key] for key, _ in pairs]
-    request = folder / REQUEST
-    if not request.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        samples = labeled_set.fetch(pairs, drop=label_members)
-        written = write_request(folder, [samples[key] for key, _ in pairs], settings.classes)
-        sheet = next((path.name for path in written if path.suffix == ".png"), "its text column")
-        print(f"{what}: label the {len(pairs)} samples of {request} (see {sheet}), then run the same command again",
-              file=sys.stderr)  # fmt: skip
-        return None
-    answers = read_answers(request, [key for key, _ in pairs], settings.classes)
-    for problem in answers.problems:
-        print(problem, file=sys.stderr)
-    if not answers.labels:
-        print(f"{what}: {request} has no usable label yet; fill in its label column", file=sys.stderr)
-        return None
-    if answers.unanswered:
-        print(f"{what}: {len(answers.unanswered)} samples left without a label go back to the pool", file=sys.stderr)
-    samples = labeled_set.fetch([(key, url) for key, url in pairs if key in answers.labels], drop=label_members)
-    return [{**samples[key], "cls": str(label).encode()} for key, label in answers.labels.items()]
+    return [
+        f"{prefix}.save_dir={folder.parent.parent}",
+        f"{prefix}.name={folder.parent.name}",
+        f"{prefix}.version={folder.name}",
+    ]

@@ -9,11 +9,14 @@ bad row, what is wrong with the others.
 from __future__ import annotations
 
 import csv
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
+from project.active import labeled as labeled_set
 from project.data.atomic import replace_atomically
 from project.errors import UserError
 from project.shards.inspect import TILE, contact_sheet
@@ -150,3 +153,43 @@ def read_answers(path: Path, asked: list[str], classes: list[str]) -> Answers:
             bad.add(key)
     answers.unanswered = [key for key in asked if key not in answers.labels and key not in bad]
     return answers
+
+
+def get_labels(
+    folder: Path, pairs: list[tuple[str, str]], settings: Any, label_members: frozenset[str], what: str
+) -> list[dict] | None:
+    """The labeled samples of the (key, shard) pairs, from the oracle; None while a human has not answered.
+
+    simulated: the pool's samples as they are, label members included. human: the first call writes
+    folder/to_label.csv and returns None; once it is filled in, the samples without their own label
+    members and with a `.cls` holding the answer. Bad rows are printed, one line each, and left out.
+    """
+    if settings.oracle == "simulated":
+        samples = labeled_set.fetch(pairs)
+        unlabeled = next((key for key, sample in samples.items() if not label_members & sample.keys()), None)
+        if unlabeled is not None:
+            raise UserError(
+                f"the simulated oracle needs the pool's labels, and sample {unlabeled!r} has none: use --oracle human"
+            )
+        return [samples[key] for key, _ in pairs]
+    request = folder / REQUEST
+    if not request.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        samples = labeled_set.fetch(pairs, drop=label_members)
+        written = write_request(folder, [samples[key] for key, _ in pairs], settings.classes)
+        sheet = next((path.name for path in written if path.suffix == ".png"), "its text column")
+        print(
+            f"{what}: label the {len(pairs)} samples of {request} (see {sheet}), then run the same command again",
+            file=sys.stderr,
+        )
+        return None
+    answers = read_answers(request, [key for key, _ in pairs], settings.classes)
+    for problem in answers.problems:
+        print(problem, file=sys.stderr)
+    if not answers.labels:
+        print(f"{what}: {request} has no usable label yet; fill in its label column", file=sys.stderr)
+        return None
+    if answers.unanswered:
+        print(f"{what}: {len(answers.unanswered)} samples left without a label go back to the pool", file=sys.stderr)
+    samples = labeled_set.fetch([(key, url) for key, url in pairs if key in answers.labels], drop=label_members)
+    return [{**samples[key], "cls": str(label).encode()} for key, label in answers.labels.items()]

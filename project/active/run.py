@@ -41,12 +41,13 @@ from typing import Literal
 
 from project.active import labeled as labeled_set
 from project.active.curves import claim_lines, compare, summarize, write_curves
-from project.active.loop import WAITING, ActiveLoop, Settings, get_labels
+from project.active.loop import WAITING, ActiveLoop, Settings
+from project.active.oracle import get_labels
 from project.active.strategies import make_strategy, parse_strategies
 from project.cli import CONFIG_DIR, ConfigOnlyCLI, import_class, print_train_help
 from project.commands import Spellings, command_parser, parse_tool_arguments
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index
-from project.data.shards import SHARD_SUFFIXES, resolve_shards
+from project.data.specs import SHARD_SUFFIXES, resolve_shards
 from project.errors import UserError, run_main
 from project.tasks.labels import index_classes
 
@@ -91,9 +92,20 @@ def options(
             raise UserError(f"--{name} must be at least 1, got {value}")
     if rounds < 0:
         raise UserError(f"--rounds must be 0 or more, got {rounds}")
-    return SimpleNamespace(pool=pool, labeled=Path(labeled), budget=budget, rounds=rounds, strategy=strategy,
-                           initial=initial, seeds=seeds, seed=seed, oracle=oracle, warm_start=warm_start,
-                           candidates=candidates, run=Path(run) if run else None)  # fmt: skip
+    return SimpleNamespace(
+        pool=pool,
+        labeled=Path(labeled),
+        budget=budget,
+        rounds=rounds,
+        strategy=strategy,
+        initial=initial,
+        seeds=seeds,
+        seed=seed,
+        oracle=oracle,
+        warm_start=warm_start,
+        candidates=candidates,
+        run=Path(run) if run else None,
+    )
 
 
 def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
@@ -118,8 +130,10 @@ def settings_from(options: SimpleNamespace, overrides: list[str]) -> tuple[Setti
     initial = options.initial or max(batch_size, round(0.01 * pool.nsamples))
     needed = options.budget * options.rounds + (0 if has_index(options.labeled) else initial)
     if needed > pool.nsamples:
-        raise UserError(f"the pool has {pool.nsamples} samples, fewer than the {needed} that --initial, --budget "
-                        f"and --rounds would select")  # fmt: skip
+        raise UserError(
+            f"the pool has {pool.nsamples} samples, fewer than the {needed} that --initial, --budget "
+            f"and --rounds would select"
+        )
     if options.labeled.exists() and not options.labeled.is_dir():
         raise UserError(f"--labeled {options.labeled} is a file: name the labeled set's folder")
     folder = options.labeled
@@ -128,8 +142,11 @@ def settings_from(options: SimpleNamespace, overrides: list[str]) -> tuple[Setti
         raise UserError(f"--labeled {options.labeled} holds shards but no {INDEX_NAME} (python -m project.data.index)")
     seed_index = read_index(str(options.labeled / INDEX_NAME)) if has_index(options.labeled) else None
     data_init = getattr(config.data, "init_args", None)
-    classes = (getattr(data_init, "classes", None) or index_classes(pool)
-               or (index_classes(seed_index) if seed_index else None))  # fmt: skip
+    classes = (
+        getattr(data_init, "classes", None)
+        or index_classes(pool)
+        or (index_classes(seed_index) if seed_index else None)
+    )
     if not classes:
         raise UserError("no class names: the pool's shard index records none; set --data.classes")
     logger = getattr(config.trainer.logger, "init_args", None)
@@ -137,8 +154,18 @@ def settings_from(options: SimpleNamespace, overrides: list[str]) -> tuple[Setti
     run = options.run or Path(getattr(logger, "save_dir", None) or "logs") / f"{experiment}-active"
     label_members = import_class(config.data.class_path).label_extensions
     tensorboard = logger is not None and "version" in logger
-    settings = Settings(pool, options.pool, options.budget, options.rounds, options.oracle, options.warm_start,
-                        options.candidates, overrides, list(classes), tensorboard)  # fmt: skip
+    settings = Settings(
+        pool,
+        options.pool,
+        options.budget,
+        options.rounds,
+        options.oracle,
+        options.warm_start,
+        options.candidates,
+        overrides,
+        list(classes),
+        tensorboard,
+    )
     return settings, run, label_members, initial
 
 
@@ -227,8 +254,11 @@ def report(rows: list[dict], run: Path, waiting: list[str]) -> None:
             print(line)
         print(f"curves: {png_path} and {csv_path}\nwatch:  tensorboard --logdir {run / 'tensorboard'}")
     if waiting:
-        print(f"waiting for labels ({'; '.join(waiting)}): fill in each to_label.csv named above, then run the "
-              "same command again", file=sys.stderr)  # fmt: skip
+        print(
+            f"waiting for labels ({'; '.join(waiting)}): fill in each to_label.csv named above, then run the "
+            "same command again",
+            file=sys.stderr,
+        )
 
 
 def write_tensorboard(rows: list[dict], folder: Path) -> None:

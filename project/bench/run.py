@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from project.bench.loader import (
+from project.bench.images import (
     decode_rate,
     imagefolder_rate,
     loader_rate,
@@ -55,14 +55,14 @@ from project.bench.loader import (
     work_limit_rate,
     write_image_folder,
 )
-from project.bench.report import summarize, table
 from project.bench.shuffle import entropy_ratio
+from project.bench.summary import summarize, table
 from project.bench.text import ensure_text_demo, measure_text, summarize_text, text_table
 from project.bench.training import template_rate
 from project.callbacks.threads import fixed_threads
 from project.cli import DEFAULT_CONFIG
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.workers import warm_forkserver
 from project.errors import UserError, run_main
 from project.tasks import WORKER_MODULES
@@ -90,8 +90,18 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     samples = [sample for shard in resolve_shards(str(index)).shards for sample in read_samples(shard.url)]
     folder = write_image_folder(samples, scratch / "imagefolder")
     workers, size = args.workers, settings["image_size"]
-    names = ("work_limit", "decode", "decode_cpu_us", "loader", "loader_cpu_us", "loader_1", "loader_2",
-             "imagefolder", "webdataset", "shuffle_entropy")  # fmt: skip
+    names = (
+        "work_limit",
+        "decode",
+        "decode_cpu_us",
+        "loader",
+        "loader_cpu_us",
+        "loader_1",
+        "loader_2",
+        "imagefolder",
+        "webdataset",
+        "shuffle_entropy",
+    )
     runs: dict[str, list[float]] = {name: [] for name in names}
     warm_forkserver(WORKER_MODULES)  # its one-time start (importing the pipeline) is not part of any epoch
     for _ in range(args.repeats):

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import yaml
 
-from project.bench.loader import cpu_seconds, own_cpu_seconds, subset_index, workers_cpu_seconds
+from project.bench.images import cpu_seconds, own_cpu_seconds, subset_index, workers_cpu_seconds
 from project.cli import CONFIG_DIR
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.workers import warm_forkserver
 from project.errors import UserError
 from project.tasks import WORKER_MODULES
@@ -47,7 +47,7 @@ FIGURES = tuple(
         ("encode_loop", ("", "_tokens", "_cpu_us")),
         ("loader", ("", "_tokens", "_cpu_us", "_padding")),
         ("unbucketed", ("", "_tokens", "_cpu_us", "_padding")),
-    )  # fmt: skip
+    )
     for figure in figures
 )
 # the tokenize limit is the faster of the two ways of tokenizing, encode_batch and encode
@@ -116,8 +116,9 @@ def tokenize_rate(texts: list[str], tokenizer: Path, processes: int, max_tokens:
 def text_loader_rate(index: Path, tokenizer: Path, workers: int, settings: dict) -> dict:
     """samples/s, real tokens/s, padding share and CPU µs a sample (main process and workers) of one
     training epoch of TextShards' train loader, from iter() to its last batch."""
-    data = TextShards(root=None, train=str(index), tokenizer=str(tokenizer), num_workers=workers,
-                      pin_memory=False, **settings)  # fmt: skip
+    data = TextShards(
+        root=None, train=str(index), tokenizer=str(tokenizer), num_workers=workers, pin_memory=False, **settings
+    )
     loader = data.train_dataloader()
     batches = len(loader.dataset)
     start, own, count, tokens, padded, worker_cpu = time.perf_counter(), own_cpu_seconds(), 0, 0, 0, 0.0
@@ -129,8 +130,12 @@ def text_loader_rate(index: Path, tokenizer: Path, workers: int, settings: dict)
         if number == batches:  # the workers are done, and not yet gone: their CPU time is in /proc
             worker_cpu = workers_cpu_seconds(iterator)
     seconds = time.perf_counter() - start
-    return {"rate": count / seconds, "tokens": tokens / seconds, "padding": 1 - tokens / max(padded, 1),
-            "cpu_us": (own_cpu_seconds() - own + worker_cpu) / max(count, 1) * 1e6}  # fmt: skip
+    return {
+        "rate": count / seconds,
+        "tokens": tokens / seconds,
+        "padding": 1 - tokens / max(padded, 1),
+        "cpu_us": (own_cpu_seconds() - own + worker_cpu) / max(count, 1) * 1e6,
+    }
 
 
 def measure_text(data: Path, workers: int, samples: int, repeats: int, scratch: Path) -> dict:
@@ -155,9 +160,18 @@ def measure_text(data: Path, workers: int, samples: int, repeats: int, scratch: 
         for run, figures in measured.items():
             for figure, value in figures.items():
                 runs[run if figure == "rate" else f"{run}_{figure}"].append(value)
-    return {"task": "text", "data": str(data), "workers": workers, "processes": processes, "repeats": repeats,
-            "samples": len(texts), "settings": settings, "tokenizer": str(tokenizer),
-            "machine": {"before": before, "after": machine_state()}, "runs": runs}  # fmt: skip
+    return {
+        "task": "text",
+        "data": str(data),
+        "workers": workers,
+        "processes": processes,
+        "repeats": repeats,
+        "samples": len(texts),
+        "settings": settings,
+        "tokenizer": str(tokenizer),
+        "machine": {"before": before, "after": machine_state()},
+        "runs": runs,
+    }
 
 
 def summarize_text(result: dict) -> dict:
@@ -186,10 +200,15 @@ def text_table(result: dict) -> str:
     )
     rows = []
     for run, what, setting in named:
-        rows += [(what, setting, f"{m[run]:,.0f} samples/s"), ("    tokens", "", f"{m[run + '_tokens']:,.0f} tokens/s"),
-                 ("    CPU time per sample, all processes", "", f"{m[run + '_cpu_us']:,.0f} µs")]  # fmt: skip
-    rows += [(f"(c) padding share, {bucketed}", "one epoch", f"{m['loader_padding']:.1%}"),
-             ("    padding share, no bucketing", "one epoch", f"{m['unbucketed_padding']:.1%}")]  # fmt: skip
+        rows += [
+            (what, setting, f"{m[run]:,.0f} samples/s"),
+            ("    tokens", "", f"{m[run + '_tokens']:,.0f} tokens/s"),
+            ("    CPU time per sample, all processes", "", f"{m[run + '_cpu_us']:,.0f} µs"),
+        ]
+    rows += [
+        (f"(c) padding share, {bucketed}", "one epoch", f"{m['loader_padding']:.1%}"),
+        ("    padding share, no bucketing", "one epoch", f"{m['unbucketed_padding']:.1%}"),
+    ]
     rows += [(f"ratio {key}", "", f"{r[key]:.2f}") for key in TEXT_RATIO_KEYS]
     lines = ["| measure | setting | median |", "|---|---|---|"]
     lines += [f"| {what} | {setting} | {value} |" for what, setting, value in rows]

@@ -30,9 +30,9 @@ from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
 from project.data.atomic import write_atomically
 from project.data.private import private_folder
-from project.data.redact import redact
 from project.data.remote import NETWORK_ERRORS, cached
 from project.errors import UserError
+from project.redact import redact
 
 DOWNLOADS = "checkpoints"  # the private folder of downloaded checkpoints
 DOWNLOADS_BYTES = 20 * 10**9  # the least recently used downloads go beyond this
@@ -66,8 +66,10 @@ def load_checkpoint_file(path: str | os.PathLike, option: str = "--ckpt_path", m
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         # torch's message is advice to load it anyway; the line naming what the file asks for is the reason
         reason = next((line for line in lines if "GLOBAL" in line or "global" in line), lines[0] if lines else "")
-        raise UserError(f"{option} {redact(str(path))}: refused: it holds more than tensors and plain data, and "
-                        f"loading it would run code ({reason})") from None  # fmt: skip
+        raise UserError(
+            f"{option} {redact(str(path))}: refused: it holds more than tensors and plain data, and "
+            f"loading it would run code ({reason})"
+        ) from None
     except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as error:
         raise UserError(f"{option} {redact(str(path))}: not a readable checkpoint ({error})") from None
 

@@ -54,8 +54,15 @@ class PredictionWriter(L.Callback):
         identity: what else the plan depends on (the checkpoint), for resuming.
     """
 
-    def __init__(self, out: Path, class_names: list[str], top_k: int = 5, embeddings: bool = False,
-                 key_name: Callable[[str], str] = str, identity: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        out: Path,
+        class_names: list[str],
+        top_k: int = 5,
+        embeddings: bool = False,
+        key_name: Callable[[str], str] = str,
+        identity: str = "",
+    ) -> None:
         self.out, self.class_names = Path(out), list(class_names)
         self.top_k, self.embeddings = min(top_k, len(class_names)), embeddings
         self.key_name, self.identity = key_name, identity
@@ -68,9 +75,15 @@ class PredictionWriter(L.Callback):
         """What decides which rows each batch holds: a run with another plan starts its part over."""
         data = trainer.datamodule
         shards = hashlib.sha256(json.dumps([(s.url, s.nsamples) for s in data.shards("predict")]).encode())
-        return {"world_size": trainer.world_size, "num_workers": max(1, data.num_workers),
-                "batch_size": data.batch_size, "shards": shards.hexdigest(), "top_k": self.top_k,
-                "embeddings": self.embeddings, "identity": self.identity}  # fmt: skip
+        return {
+            "world_size": trainer.world_size,
+            "num_workers": max(1, data.num_workers),
+            "batch_size": data.batch_size,
+            "shards": shards.hexdigest(),
+            "top_k": self.top_k,
+            "embeddings": self.embeddings,
+            "identity": self.identity,
+        }
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "predict":
@@ -91,8 +104,15 @@ class PredictionWriter(L.Callback):
             trainer.datamodule.start_split_at("predict", self.batches)
             print(f"rank {rank}: resuming after {self.batches} batches ({self.rows} rows) in {part}", flush=True)
 
-    def on_predict_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                             batch_idx: int, dataloader_idx: int = 0) -> None:  # fmt: skip
+    def on_predict_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         lines = "".join(json.dumps(row) + "\n" for row in self.rows_of(outputs)).encode()
         self.file.write(lines)
         self.file.flush()
@@ -108,9 +128,14 @@ class PredictionWriter(L.Callback):
         names = self.class_names
         for row, key in enumerate(prediction.keys):
             indexes, values = top.indices[row].tolist(), top.values[row].tolist()
-            record = {"key": self.key_name(key), "pred": names[indexes[0]], "pred_index": indexes[0],
-                      "prob": round(values[0], 6), "top_classes": [names[i] for i in indexes],
-                      "top_probs": [round(v, 6) for v in values]}  # fmt: skip
+            record = {
+                "key": self.key_name(key),
+                "pred": names[indexes[0]],
+                "pred_index": indexes[0],
+                "prob": round(values[0], 6),
+                "top_classes": [names[i] for i in indexes],
+                "top_probs": [round(v, 6) for v in values],
+            }
             if labels[row] >= 0:
                 record["label"] = names[labels[row]] if labels[row] < len(names) else str(labels[row])
             if embeddings is not None:
@@ -160,9 +185,15 @@ def merge(parts: Path, world_size: int, out: Path, embeddings: bool = False) -> 
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        fields = [("key", pa.string()), ("pred", pa.string()), ("pred_index", pa.int64()), ("prob", pa.float64()),
-                  ("top_classes", pa.list_(pa.string())), ("top_probs", pa.list_(pa.float64())),
-                  ("label", pa.string())]  # fmt: skip
+        fields = [
+            ("key", pa.string()),
+            ("pred", pa.string()),
+            ("pred_index", pa.int64()),
+            ("prob", pa.float64()),
+            ("top_classes", pa.list_(pa.string())),
+            ("top_probs", pa.list_(pa.float64())),
+            ("label", pa.string()),
+        ]
         fields += [("embedding", pa.list_(pa.float32()))] if embeddings else []
         schema, chunk = pa.schema(fields), []
         with pq.ParquetWriter(str(temporary), schema) as writer:

@@ -91,5 +91,7 @@ def worker_died_message(trainer: L.Trainer, dead: DeadWorker) -> str:
         then = f"--ckpt_path last continues the run from the last checkpoint saved, {last}"
     else:
         then = "no checkpoint was saved: run it again"
-    return (f"a data-loading worker died ({dead.describe()}); what usually kills workers is memory (the "
-            "out-of-memory killer): lower data.shuffle_buffer or data.num_workers; " + then)  # fmt: skip
+    return (
+        f"a data-loading worker died ({dead.describe()}); what usually kills workers is memory (the "
+        "out-of-memory killer): lower data.shuffle_buffer or data.num_workers; " + then
+    )

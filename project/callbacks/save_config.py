@@ -11,7 +11,7 @@ from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
 from project.callbacks.checkpoint_io import is_local
 from project.data.atomic import write_atomically
-from project.data.redact import redact_value
+from project.redact import redact_value
 
 
 class AtomicSaveConfigCallback(SaveConfigCallback):

@@ -16,18 +16,40 @@ class SkippedSamples(L.Callback):
 
     def _log(self, pl_module: L.LightningModule, stage: str, batch: Any) -> None:
         if isinstance(batch, Batch):
-            pl_module.log(f"{stage}/skipped", float(len(batch.skipped)), on_step=False, on_epoch=True,
-                          reduce_fx="sum", sync_dist=True, batch_size=max(1, len(batch)))  # fmt: skip
+            pl_module.log(
+                f"{stage}/skipped",
+                float(len(batch.skipped)),
+                on_step=False,
+                on_epoch=True,
+                reduce_fx="sum",
+                sync_dist=True,
+                batch_size=max(1, len(batch)),
+            )
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._log(pl_module, "train", batch)
 
-    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:  # fmt: skip
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if not trainer.sanity_checking:
             self._log(pl_module, "val", batch)
 
-    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                          batch_idx: int, dataloader_idx: int = 0) -> None:  # fmt: skip
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._log(pl_module, "test", batch)

@@ -21,13 +21,13 @@ from project.data.files import is_plain_folder, pack_folder
 from project.data.health import SkipAccounting, SkipLedger
 from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
-from project.data.redact import redact_hparams, redact_value
 from project.data.samples import MAX_MEMBER_BYTES, Sample
 from project.data.shard_index import Shard, ShardIndex
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, start_forkserver
 from project.errors import UserError, check_positive
+from project.redact import redact_hparams, redact_value
 
 DataSpec = str | list[str]
 SPLITS = ("train", "val", "test")  # the splits of `root`; `predict` is only ever given explicitly
@@ -114,8 +114,10 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
             raise UserError(f"data.max_skipped_fraction must be in [0, 1], got {max_skipped_fraction}")
         self.root = root
         given = {"train": train, "val": val, "test": test}
-        self.specs = {split: spec if spec is not None else (os.path.join(root, split) if root else None)
-                      for split, spec in given.items()} | {"predict": predict}  # fmt: skip
+        self.specs = {
+            split: spec if spec is not None else (os.path.join(root, split) if root else None)
+            for split, spec in given.items()
+        } | {"predict": predict}
         self.batch_size, self.num_workers = batch_size, num_workers
         self.shuffle_buffer, self.seed = shuffle_buffer, seed
         self.fraction, self.prefetch_factor, self.max_skipped_fraction = fraction, prefetch_factor, max_skipped_fraction
@@ -257,8 +259,13 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
         # so what the loader yielded would overcount by one
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         stream = loader.dataset
-        return {"epoch": trainer.current_epoch, "batches": done, "epoch_batches": len(stream),
-                "world_size": stream.world_size, "num_workers": stream.num_workers}  # fmt: skip
+        return {
+            "epoch": trainer.current_epoch,
+            "batches": done,
+            "epoch_batches": len(stream),
+            "world_size": stream.world_size,
+            "num_workers": stream.num_workers,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         position = self.train_position()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from project.data.private import private_folder
 from project.data.shard_index import INDEX_NAME, Shard, write_index
-from project.data.shards import SHARD_SUFFIXES
+from project.data.specs import SHARD_SUFFIXES
 from project.errors import UserError
 
 FILES_PER_SHARD = 1000
@@ -79,8 +79,10 @@ def pack_folder(folder: str, suffixes: frozenset[str], cache: str | None = None)
         return str(target)
     building = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        shards = [write_shard(building / f"files-{number:06d}.tar", source, files[start : start + FILES_PER_SHARD])
-                  for number, start in enumerate(range(0, len(files), FILES_PER_SHARD))]  # fmt: skip
+        shards = [
+            write_shard(building / f"files-{number:06d}.tar", source, files[start : start + FILES_PER_SHARD])
+            for number, start in enumerate(range(0, len(files), FILES_PER_SHARD))
+        ]
         write_index(building / INDEX_NAME, shards, name=source.name, extra={PACKED_KEY: str(source)})
         os.rename(building, target)  # atomic; fails if another process packed it first, which is as good
     except OSError:

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from project.data.batch import Batch, Skipped
-from project.data.redact import redact, redact_text
 from project.errors import ShardError
+from project.redact import redact, redact_text
 
 log = logging.getLogger("project.data")
 

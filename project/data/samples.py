@@ -70,8 +70,10 @@ def read_samples(
             if current is not None and (extensions is None or extension in extensions):
                 if max_member_bytes is not None and read.size > max_member_bytes:
                     shown = name if name.isprintable() else ascii(name)  # a line break in a name: still one line
-                    current[REFUSED] = (f"member {shown} declares {read.size:,} bytes, over "
-                                        f"data.max_member_bytes ({max_member_bytes:,})")  # fmt: skip
+                    current[REFUSED] = (
+                        f"member {shown} declares {read.size:,} bytes, over "
+                        f"data.max_member_bytes ({max_member_bytes:,})"
+                    )
                     continue
                 try:
                     current[extension] = read()

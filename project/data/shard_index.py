@@ -21,9 +21,9 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 from project.data.atomic import write_atomically
-from project.data.redact import redact, redact_text
 from project.data.remote import is_remote, local_path, open_url, scheme_of
 from project.errors import ShardError, UserError
+from project.redact import redact, redact_text
 
 INDEX_NAME = "shardindex.json"
 INDEX_KIND = "wids-shard-index-v1"
@@ -88,8 +88,10 @@ def _read_text(url: str) -> bytes:
     with open_url(url) as stream:
         data = stream.read(MAX_INDEX_BYTES + 1)
     if len(data) > MAX_INDEX_BYTES:
-        raise UserError(f"shard index {redact(url)} is larger than {MAX_INDEX_BYTES:,} bytes: split the dataset "
-                        "into several indexes (a data spec takes a list)")  # fmt: skip
+        raise UserError(
+            f"shard index {redact(url)} is larger than {MAX_INDEX_BYTES:,} bytes: split the dataset "
+            "into several indexes (a data spec takes a list)"
+        )
     return data
 
 
@@ -196,8 +198,10 @@ def _check_files(shard: Shard, index_url: str) -> None:
     except OSError:
         raise ShardError(f"shard index {redact(index_url)} names a missing shard: {shard.url}") from None
     if shard.nsamples > size:
-        raise ShardError(f"shard index {redact(index_url)} says {shard.url} holds {shard.nsamples:,} samples, more "
-                         f"than its {size:,} bytes can: the index is stale, rebuild it")  # fmt: skip
+        raise ShardError(
+            f"shard index {redact(index_url)} says {shard.url} holds {shard.nsamples:,} samples, more "
+            f"than its {size:,} bytes can: the index is stale, rebuild it"
+        )
 
 
 def write_index(
@@ -218,8 +222,10 @@ def write_index(
 
     commands = [shard.url for shard in shards if shard.url.startswith("pipe:")]
     if commands:
-        raise UserError(f"refusing to write a shell command into {path}: {redact(commands[0])} (an index may not "
-                        "run commands; list the shards' own paths or URLs)")  # fmt: skip
+        raise UserError(
+            f"refusing to write a shell command into {path}: {redact(commands[0])} (an index may not "
+            "run commands; list the shards' own paths or URLs)"
+        )
     data = {
         "__kind__": INDEX_KIND,
         "wids_version": 1,

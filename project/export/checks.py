@@ -80,8 +80,11 @@ def run_variant(variant: Variant, run: Runner, inputs: torch.Tensor, example: to
         return run(inputs)
     except Exception as error:  # noqa: BLE001 - onnxruntime's own classes, for a shape its graph fixed
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"error: the {variant.name} export cannot run on inputs of shape {list(inputs.shape)} (exported "
-              f"with {list(example.shape)}): {message}", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: the {variant.name} export cannot run on inputs of shape {list(inputs.shape)} (exported "
+            f"with {list(example.shape)}): {message}",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from None
 
 
@@ -128,8 +131,16 @@ def report_table(variants: list[Variant], module_accuracy: float, split: str) ->
     for column in columns:
         table.add_column(column, justify="left" if column == "variant" else "right")
     for v in variants:
-        table.add_row(v.name, f"{v.size_mb:.3f}", f"{v.gzip_mb:.3f}", f"{v.zeros:.1%}", f"{v.latency_ms:.3f}",
-                      f"{v.accuracy:.4f}", f"{v.max_abs_diff:.2e}", f"{v.top1_agreement:.2%}")  # fmt: skip
+        table.add_row(
+            v.name,
+            f"{v.size_mb:.3f}",
+            f"{v.gzip_mb:.3f}",
+            f"{v.zeros:.1%}",
+            f"{v.latency_ms:.3f}",
+            f"{v.accuracy:.4f}",
+            f"{v.max_abs_diff:.2e}",
+            f"{v.top1_agreement:.2%}",
+        )
     return table
 
 

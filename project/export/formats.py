@@ -77,8 +77,16 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, inputs: Inp
 
     def export(target: Path) -> None:
         with torch.no_grad():
-            torch.onnx.export(model, (example,), str(target), input_names=[inputs.name], output_names=["logits"],
-                              dynamic_shapes=inputs.dynamic_shapes(), external_data=large, verbose=False)  # fmt: skip
+            torch.onnx.export(
+                model,
+                (example,),
+                str(target),
+                input_names=[inputs.name],
+                output_names=["logits"],
+                dynamic_shapes=inputs.dynamic_shapes(),
+                external_data=large,
+                verbose=False,
+            )
 
     if large:  # the graph names its data file: written in place, a rename would leave it the temporary's name
         export(path)

@@ -42,13 +42,13 @@ from project.callbacks.checkpoint_io import is_local, load_checkpoint_file, loca
 from project.cli import ProjectCLI, print_train_help
 from project.commands import Spellings, command_parser, parse_tool_arguments
 from project.data.atomic import replace_atomically, write_json_atomically
-from project.data.redact import redact
 from project.errors import UserError, run_main
 from project.evaluate import run_config
 from project.export.checks import build_variants, inputs, measure, report_table, split_batches
 from project.export.formats import (
     Inputs,
 )
+from project.redact import redact
 from project.tasks.text.tokenizer import file_hash
 
 
@@ -86,8 +86,17 @@ def options(
         raise UserError(f"--prune must be in (0, 1), got {prune}")
     if min(batches, calibration_batches, repeats) < 1:
         raise UserError("--batches, --calibration_batches and --repeats must be at least 1")
-    return SimpleNamespace(ckpt_path=ckpt_path, format=format, quantize=quantize, prune=prune, out=out, split=split,
-                           batches=batches, calibration_batches=calibration_batches, repeats=repeats)  # fmt: skip
+    return SimpleNamespace(
+        ckpt_path=ckpt_path,
+        format=format,
+        quantize=quantize,
+        prune=prune,
+        out=out,
+        split=split,
+        batches=batches,
+        calibration_batches=calibration_batches,
+        repeats=repeats,
+    )
 
 
 def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
@@ -139,8 +148,13 @@ def copy_tokenizer(cli: ProjectCLI, out: Path) -> dict:
     if file_hash(target) != digest:
         raise UserError(f"{source} changed while it was copied to {target}: run the export again")
     print(f"copied the tokenizer {source} to {target}", file=sys.stderr)
-    return {"file": target.name, "source": str(source), "sha256": digest, "pad_id": int(data.pad_id),
-            "max_tokens": getattr(data, "max_tokens", None)}  # fmt: skip
+    return {
+        "file": target.name,
+        "source": str(source),
+        "sha256": digest,
+        "pad_id": int(data.pad_id),
+        "max_tokens": getattr(data, "max_tokens", None),
+    }
 
 
 def main(args: list[str] | None = None) -> dict:
@@ -163,8 +177,13 @@ def main(args: list[str] | None = None) -> dict:
     module_accuracy, lengths = measure(cli, options, variants, spec, example)
     results = [variant for variant, _ in variants.values()]
     Console(width=max(Console().width, 120)).print(report_table(results, module_accuracy, options.split))
-    report = {"checkpoint": redact(given), "format": options.format, "split": options.split,
-              "module_accuracy": module_accuracy, "variants": [asdict(v) for v in results]}  # fmt: skip
+    report = {
+        "checkpoint": redact(given),
+        "format": options.format,
+        "split": options.split,
+        "module_accuracy": module_accuracy,
+        "variants": [asdict(v) for v in results],
+    }
     if tokenizer is not None:
         report.update(input=spec.name, tokenizer=tokenizer, sequence_lengths=lengths)
         print(f"checked at {len(lengths)} token lengths from {lengths[0]} to {lengths[-1]}", file=sys.stderr)

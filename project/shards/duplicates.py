@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from project.data.atomic import replace_atomically, write_atomically, write_text_atomically
+from project.data.parallel import Pool
 from project.errors import UserError
 from project.shards.dedup import FIELDS, MODES, Hasher, Hashes
 from project.shards.matching import groups, match
-from project.shards.parallel import Pool
 from project.shards.records import Record
 from project.shards.sources import read_record
 from project.shards.text_sources import text_bytes
@@ -64,8 +64,14 @@ def hash_job(job: HashJob) -> tuple[int, Hashes]:
     return job.start, hasher.result()
 
 
-def hash_records(records: list[Record], mode: str, text: bool, pool: Pool, progress=None,  # noqa: ANN001
-                 cache: Path | None = None) -> Hashes:  # fmt: skip
+def hash_records(
+    records: list[Record],
+    mode: str,
+    text: bool,
+    pool: Pool,
+    progress=None,  # noqa: ANN001
+    cache: Path | None = None,
+) -> Hashes:
     """The hashes of `records`, in their order, from the `pool`'s processes. With `cache`, they are read from
     there when it holds the hashes of these records, and saved there when computed (atomically): a prepare
     run started again, or another --part, does not hash again."""
@@ -147,8 +153,11 @@ def report(dedup: Dedup, split_of: dict[str, str], classes: list[str], out: Path
 
     replace_atomically(csv_path, write_csv)
     per_split = ", ".join(f"{split} {removed[split]}" for split in ("train", "val", "test"))
-    lines = [f"dedup {dedup.mode}: removed {dedup.removed} duplicates of {len(dedup.groups)} samples ({per_split})"
-             if dedup.groups else f"dedup {dedup.mode}: no duplicates"]  # fmt: skip
+    lines = [
+        f"dedup {dedup.mode}: removed {dedup.removed} duplicates of {len(dedup.groups)} samples ({per_split})"
+        if dedup.groups
+        else f"dedup {dedup.mode}: no duplicates"
+    ]
     if mixed:
         lines.append(f"  {mixed} groups hold copies with different labels; the kept copy's label is used")
     if dedup.groups:

@@ -21,10 +21,11 @@ from pathlib import Path
 from project.commands import Spellings, run_command
 from project.data.samples import REFUSED, read_samples
 from project.data.shard_index import Shard, ShardIndex, read_index, write_index
-from project.data.shards import SHARD_SUFFIXES, resolve_shards
+from project.data.specs import SHARD_SUFFIXES, resolve_shards
 from project.errors import ShardError, UserError, run_main
 from project.shards.records import labels_to_classes
-from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, index_classes, label_text, open_image
+from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, label_text, open_image
+from project.tasks.labels import index_classes
 
 
 @dataclass

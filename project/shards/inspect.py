@@ -30,15 +30,16 @@ from rich.table import Table
 
 from project.commands import Spellings, run_command
 from project.data.atomic import replace_atomically
-from project.data.redact import redact
 from project.data.remote import is_remote
 from project.data.samples import REFUSED, read_samples
 from project.data.shard_index import INDEX_NAME, ShardIndex
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.errors import run_main
+from project.redact import redact
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
-from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, index_classes, open_image
+from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, open_image
+from project.tasks.labels import index_classes
 
 TILE = 96
 TEXTS_SHOWN = 5  # first texts printed for text shards
@@ -90,9 +91,17 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
             if tile is not None:
                 tiles.append((tile, name))
     total_bytes = sum(shard.filesize or 0 for shard in index.shards)
-    summary = {"shards": len(index.shards), "samples": index.nsamples, "bytes": total_bytes,
-               "classes": counts, "sizes": sizes, "modes": modes, "lengths": lengths, "texts": texts,
-               "unreadable": unreadable}  # fmt: skip
+    summary = {
+        "shards": len(index.shards),
+        "samples": index.nsamples,
+        "bytes": total_bytes,
+        "classes": counts,
+        "sizes": sizes,
+        "modes": modes,
+        "lengths": lengths,
+        "texts": texts,
+        "unreadable": unreadable,
+    }
     return summary, tiles
 
 
@@ -150,8 +159,9 @@ def command(
 
 
 def print_summary(console: Console, split: str, summary: dict) -> None:
-    table = Table(title=f"{split}: {summary['shards']} shards, {summary['samples']} samples, "
-                        f"{summary['bytes'] / 1e6:.1f} MB")  # fmt: skip
+    table = Table(
+        title=f"{split}: {summary['shards']} shards, {summary['samples']} samples, {summary['bytes'] / 1e6:.1f} MB"
+    )
     table.add_column("class")
     table.add_column("samples", justify="right")
     for name, count in sorted(summary["classes"].items()):
@@ -161,11 +171,18 @@ def print_summary(console: Console, split: str, summary: dict) -> None:
         seen = ", ".join(f"{w}x{h} ({n})" for (w, h), n in summary["sizes"].most_common(5))
         console.print(f"image sizes: {seen}; modes: {dict(summary['modes'])}")
     if summary["unreadable"]:
-        console.print(f"unreadable images: {len(summary['unreadable'])} (training skips them); the first: "
-                      f"{summary['unreadable'][0]}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            f"unreadable images: {len(summary['unreadable'])} (training skips them); the first: "
+            f"{summary['unreadable'][0]}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     if lengths := sorted(summary["lengths"]):
-        console.print(f"text lengths in characters: median {lengths[len(lengths) // 2]}, 95th percentile "
-                      f"{lengths[int(0.95 * (len(lengths) - 1))]}, longest {lengths[-1]}")  # fmt: skip
+        console.print(
+            f"text lengths in characters: median {lengths[len(lengths) // 2]}, 95th percentile "
+            f"{lengths[int(0.95 * (len(lengths) - 1))]}, longest {lengths[-1]}"
+        )
         for text, name in summary["texts"]:
             console.print(f"  [{name}] {text[:80]!r}", markup=False, highlight=False, soft_wrap=True)
 

@@ -9,9 +9,9 @@ from typing import IO
 
 from project.data.atomic import write_atomically
 from project.data.shard_index import Shard
+from project.data.tarwriter import FastTarWriter
 from project.shards.records import Record
 from project.shards.sources import encode, read_record
-from project.shards.tarwriter import FastTarWriter
 from project.shards.text_sources import text_bytes
 from project.tasks.image.decode import open_image
 

@@ -18,12 +18,12 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+from project.data.parallel import imap_unordered
 from project.data.samples import read_samples
 from project.data.shard_index import ShardIndex
 from project.errors import UserError
 from project.shards.dedup import Hasher, Hashes, require_near_text
 from project.shards.matching import first_of_equal, groups, match
-from project.shards.parallel import imap_unordered
 from project.tasks.image.decode import IMAGE_EXTENSIONS
 
 EXAMPLES = 5  # leaked samples named per split
@@ -96,8 +96,10 @@ class Leaks:
         return len(self.exact) + len(self.near)
 
     def line(self) -> str:
-        return (f"{self.split}: {self.total} of {self.samples} samples duplicate train samples "
-                f"({len(self.exact)} exact, {len(self.near)} near)")  # fmt: skip
+        return (
+            f"{self.split}: {self.total} of {self.samples} samples duplicate train samples "
+            f"({len(self.exact)} exact, {len(self.near)} near)"
+        )
 
 
 def leaks(train: Hashed, other: Hashed, split: str, near_distance: int, near_jaccard: float) -> Leaks:
@@ -112,18 +114,24 @@ def leaks(train: Hashed, other: Hashed, split: str, near_distance: int, near_jac
     exact = np.flatnonzero(first < n)
     near = np.flatnonzero((labels < n) & (first >= n))
     found = Leaks(split, len(other.hashes), exact.tolist(), near.tolist())
-    partner = {**dict(zip(exact.tolist(), first[exact].tolist(), strict=True)),
-               **dict(zip(near.tolist(), labels[near].tolist(), strict=True))}  # fmt: skip
+    partner = {
+        **dict(zip(exact.tolist(), first[exact].tolist(), strict=True)),
+        **dict(zip(near.tolist(), labels[near].tolist(), strict=True)),
+    }
     for i, t in sorted(partner.items())[:EXAMPLES]:
         found.examples.append(f"  {split}/{other.keys[i]} = train/{train.keys[t]} ({match(both, t, n + i)})")
     return found
 
 
-def check(splits: dict[str, ShardIndex], near_distance: int, near_jaccard: float, workers: int,
-          quiet: bool = False) -> list[Leaks]:  # fmt: skip
+def check(
+    splits: dict[str, ShardIndex], near_distance: int, near_jaccard: float, workers: int, quiet: bool = False
+) -> list[Leaks]:
     """The leaks of every split but train into train."""
     if "train" not in splits or len(splits) < 2:
         raise UserError("--leakage needs DIR/train and DIR/val or DIR/test, each with a shardindex.json")
     hashed = hash_splits(splits, near=True, workers=workers, quiet=quiet)
-    return [leaks(hashed["train"], hashed[split], split, near_distance, near_jaccard)
-            for split in splits if split != "train"]  # fmt: skip
+    return [
+        leaks(hashed["train"], hashed[split], split, near_distance, near_jaccard)
+        for split in splits
+        if split != "train"
+    ]

@@ -99,9 +99,13 @@ def thumb_difference(thumbs: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.nda
     return np.abs(thumbs[a].astype(np.int16) - thumbs[b]).mean(axis=(1, 2, 3))
 
 
-def phash_pairs(values: np.ndarray, max_distance: int, thumbs: np.ndarray | None = None,
-                rows: np.ndarray | None = None, joined: Callable | None = None,
-                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+def phash_pairs(
+    values: np.ndarray,
+    max_distance: int,
+    thumbs: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
+    joined: Callable | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Index pairs (i < j) of 64-bit `values` within `max_distance` differing bits, in chunks (a pair may come
     more than once); with `thumbs`, only those whose thumbnails (value i's at thumbs[rows[i]]) differ by at
     most THUMB_DIFFERENCE. `joined(i, j)`, if given, says which pairs are known to match already: they are
@@ -175,8 +179,9 @@ def minhash_pairs(signatures: np.ndarray, threshold: float) -> Iterator[tuple[np
             yield np.minimum(a, b)[similar], np.maximum(a, b)[similar]
 
 
-def groups(hashes: Hashes, near_distance: int = DEFAULT_NEAR_DISTANCE,
-           near_jaccard: float = DEFAULT_NEAR_JACCARD) -> np.ndarray:  # fmt: skip
+def groups(
+    hashes: Hashes, near_distance: int = DEFAULT_NEAR_DISTANCE, near_jaccard: float = DEFAULT_NEAR_JACCARD
+) -> np.ndarray:
     """Each sample's group: the index of the group's first sample. Exact copies always join; with near
     hashes, so do near copies (and their near copies: a group is a connected component)."""
     n = len(hashes)

@@ -41,14 +41,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from project.commands import Spellings, run_command
 from project.data.atomic import write_json_atomically
-from project.data.redact import redact
+from project.data.parallel import Pool
 from project.data.samples import count_samples
 from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.errors import UserError, run_main
+from project.redact import redact
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, require_near_text
 from project.shards.duplicates import check_dedup, deduplicate, hash_records, report
 from project.shards.jobs import ShardJob, write_shard
-from project.shards.parallel import Pool
 from project.shards.sources import load
 from project.shards.split import SPLITS, plan_shards, split_records
 from project.shards.text_sources import is_text, load_text
@@ -61,8 +61,14 @@ class Prepared(dict):
     """{split: [Shard, ...]}: the shards this part wrote, the lines about the bad rows skipped (text), and
     the duplicates removed with the report's lines about them (empty with --dedup off, or on a --part > 0)."""
 
-    def __init__(self, shards: dict[str, list[Shard]], skipped: list[str] | None = None, text: bool = False,
-                 duplicates: int = 0, dedup_lines: list[str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        shards: dict[str, list[Shard]],
+        skipped: list[str] | None = None,
+        text: bool = False,
+        duplicates: int = 0,
+        dedup_lines: list[str] | None = None,
+    ):
         super().__init__(shards)
         self.skipped = list(skipped or [])
         self.text = text
@@ -86,8 +92,9 @@ def _check_manifest(out: Path, settings: dict) -> None:
             raise UserError(f"{path} is not a prepare manifest: delete {out} to start over")
         if previous != settings:
             changed = sorted(k for k in settings if previous.get(k) != settings[k])
-            raise UserError(f"{out} holds a prepare run with other settings ({', '.join(changed)}): "
-                            "use another --out, or delete it")  # fmt: skip
+            raise UserError(
+                f"{out} holds a prepare run with other settings ({', '.join(changed)}): use another --out, or delete it"
+            )
     else:
         write_json_atomically(path, settings)
 
@@ -165,9 +172,17 @@ def prepare(
     else:
         records, classes = load(source, download, torchvision_root, with_sizes=shard_size is not None)
     # the source as people may see it: the manifest is a file beside the shards, which get shared
-    settings = {"source": redact(source), "val_fraction": val_fraction, "test_fraction": test_fraction,
-                "samples_per_shard": samples_per_shard, "shard_size": shard_size, "seed": seed,
-                "resize": resize, "format": format, "parts": count}  # fmt: skip
+    settings = {
+        "source": redact(source),
+        "val_fraction": val_fraction,
+        "test_fraction": test_fraction,
+        "samples_per_shard": samples_per_shard,
+        "shard_size": shard_size,
+        "seed": seed,
+        "resize": resize,
+        "format": format,
+        "parts": count,
+    }
     if text:  # only for text, so that an image run of an earlier version still resumes
         settings.update(text=True, text_column=text_column, label_column=label_column)
     if dedup != "off":  # a run of an earlier version, without dedup, is a run with --dedup off
@@ -192,8 +207,11 @@ def prepare(
         mine = jobs[index::count]
         todo = [job for job in mine if not os.path.exists(job.path)]  # finished shards are kept
         # a finished shard's count from its headers: a sample left out of it is not in it
-        written = {job.path: Shard(job.path, count_samples(job.path), os.path.getsize(job.path))
-                   for job in mine if os.path.exists(job.path)}  # fmt: skip
+        written = {
+            job.path: Shard(job.path, count_samples(job.path), os.path.getsize(job.path))
+            for job in mine
+            if os.path.exists(job.path)
+        }
         unreadable: list[str] = []
         with Progress(*_columns("prepare"), disable=quiet) as progress:
             task = progress.add_task("prepare", total=sum(len(j.records) for j in mine))
@@ -210,8 +228,13 @@ def prepare(
     if found is not None and index == 0:
         split_of = {record.key: split for split, members in splits.items() for record in members}
         lines = report(found, split_of, classes, out, text)
-    result = Prepared({split: [written[j.path] for j in mine if j.split == split] for split in SPLITS}, skipped, text,
-                      found.removed if found is not None else 0, lines)  # fmt: skip
+    result = Prepared(
+        {split: [written[j.path] for j in mine if j.split == split] for split in SPLITS},
+        skipped,
+        text,
+        found.removed if found is not None else 0,
+        lines,
+    )
     name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
     for split in SPLITS:
         if result[split] or count == 1:

@@ -17,18 +17,12 @@ from typing import TYPE_CHECKING, Any
 from project.data.private import private_folder
 from project.data.remote import cached, is_remote
 from project.data.samples import READ_ERRORS, read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.tarreader import DECOMPRESSORS, tar_members
 from project.errors import UserError
 from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key, unique_keys
-from project.tasks.image.decode import (
-    IMAGE_EXTENSIONS,
-    WANTED_EXTENSIONS,
-    decode_label,
-    index_classes,
-    label_text,
-    open_image,
-)
+from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_label, label_text, open_image
+from project.tasks.labels import index_classes
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -144,8 +138,9 @@ def torchvision_dataset(name: str, root: Path, download: bool) -> tuple[list[Rec
         split = "train" if train else "test"
         for index, label in enumerate(_targets(dataset)):
             key = f"{name.lower()}/{split}/{index:08d}"
-            records.append(Record(key, int(label), "torchvision", (name, str(root), train, index),
-                                  split=None if train else "test"))  # fmt: skip
+            records.append(
+                Record(key, int(label), "torchvision", (name, str(root), train, index), split=None if train else "test")
+            )
     labels = [r.label for r in records]
     return records, classes or [str(i) for i in range(max(labels) + 1)]
 
@@ -175,8 +170,10 @@ def tar_shards(spec: str) -> tuple[list[Record], list[str]]:
             found.append((shard.url, sample["__key__"], extension, label, len(sample[extension])))
     labels, classes = labels_to_classes([label for *_, label, _ in found])
     classes = known or classes
-    records = [Record(sanitize_key(key), label, "tar", (url, key, ext), size)
-               for (url, key, ext, _, size), label in zip(found, labels, strict=True)]  # fmt: skip
+    records = [
+        Record(sanitize_key(key), label, "tar", (url, key, ext), size)
+        for (url, key, ext, _, size), label in zip(found, labels, strict=True)
+    ]
     return records, classes
 
 
@@ -267,8 +264,10 @@ def source_kind(source: str) -> str:
         return "folder"
     if path.exists() or any(ch in source for ch in "*?[{"):
         return "shards"
-    raise UserError(f"source not found: {source} (expected an image or text folder, a .csv/.jsonl listing, "
-                    "tar shards or torchvision:NAME)")  # fmt: skip
+    raise UserError(
+        f"source not found: {source} (expected an image or text folder, a .csv/.jsonl listing, "
+        "tar shards or torchvision:NAME)"
+    )
 
 
 def load(

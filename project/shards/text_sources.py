@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from project.data.samples import read_samples
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.errors import UserError
 from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key, unique_keys
 from project.shards.sources import CONVERTED_SUFFIXES, IMAGE_SUFFIXES, read_record, source_kind
-from project.tasks.image.decode import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS, UnknownLabel, index_classes, label_index
+from project.tasks.image.decode import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS
+from project.tasks.labels import UnknownLabel, index_classes, label_index
 
 TEXT, LABEL = "txt", "cls"  # the members of a text sample
 KEY_COLUMNS = ("key", "id")  # a listing's column that names its samples, if it has one
@@ -40,8 +41,10 @@ def is_text(source: str, text_column: str = "text") -> bool:
         path = Path(source)
         columns = listing_columns(path)
         if columns and "path" not in columns and text_column not in columns:
-            raise UserError(f"{path} has no 'path' column (images) and no {text_column!r} column (text) "
-                            f"(found: {', '.join(columns)}); set --text-column")  # fmt: skip
+            raise UserError(
+                f"{path} has no 'path' column (images) and no {text_column!r} column (text) "
+                f"(found: {', '.join(columns)}); set --text-column"
+            )
         return text_column in columns and "path" not in columns
     if kind == "folder":
         return _folder_holds_text(Path(source))
@@ -167,13 +170,17 @@ def text_listing(path: Path, text_column: str = "text", label_column: str = "lab
         else:
             key = sanitize_key(str(values[key_column]).strip())
             if key in seen:
-                raise UserError(f"{path} {unit} {number}: key {key!r} (its {key_column!r}) is also the key of "
-                                f"{unit} {seen[key]}; keys must be unique")  # fmt: skip
+                raise UserError(
+                    f"{path} {unit} {number}: key {key!r} (its {key_column!r}) is also the key of "
+                    f"{unit} {seen[key]}; keys must be unique"
+                )
             seen[key] = number
         found_rows.append((key, str(values["text"]).encode("utf-8"), str(values["label"]).strip()))
     labels, classes = labels_to_classes([label for *_, label in found_rows])
-    records = [Record(key, label, "inline", (data,), len(data))
-               for (key, data, _), label in zip(found_rows, labels, strict=True)]  # fmt: skip
+    records = [
+        Record(key, label, "inline", (data,), len(data))
+        for (key, data, _), label in zip(found_rows, labels, strict=True)
+    ]
     return records, classes, skipped
 
 
@@ -270,6 +277,8 @@ def text_shards(spec: str) -> Loaded:
                 continue
             found.append((shard.url, sample["__key__"], label, len(sample[TEXT])))
     labels, found_classes = labels_to_classes([label for _, _, label, _ in found])
-    records = [Record(sanitize_key(key), label, "tar", (url, key, TEXT), size)
-               for (url, key, _, size), label in zip(found, labels, strict=True)]  # fmt: skip
+    records = [
+        Record(sanitize_key(key), label, "tar", (url, key, TEXT), size)
+        for (url, key, _, size), label in zip(found, labels, strict=True)
+    ]
     return records, classes or found_classes, skipped

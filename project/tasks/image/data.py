@@ -153,9 +153,15 @@ class ImageShards(ClassNames, ShardDataModule):
         encoded = [row for row, example in enumerate(examples) if example.pixels is None]
         # the device's crops and flips, from the batch's seeded generator: the same on resume
         seed = int(torch.randint(2**62, ())) if stage == "train" else None
-        return EncodedImageBatch(image=transformed, label=label, image_rows=decoded,
-                                 jpegs=[examples[row].jpeg for row in encoded], jpeg_rows=encoded,
-                                 jpeg_urls=[examples[row].url for row in encoded], augment_seed=seed)  # fmt: skip
+        return EncodedImageBatch(
+            image=transformed,
+            label=label,
+            image_rows=decoded,
+            jpegs=[examples[row].jpeg for row in encoded],
+            jpeg_rows=encoded,
+            jpeg_urls=[examples[row].url for row in encoded],
+            augment_seed=seed,
+        )
 
     # -- in the training process ----------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - a dependency; tests monkeypatch it awa
     simplejpeg = None
 
 from project.errors import DecodeError
-from project.tasks.labels import MAX_LABEL_BYTES, NO_LABEL, UnknownLabel, index_classes, label_index  # noqa: F401 - also imported from here
+from project.tasks.labels import MAX_LABEL_BYTES, NO_LABEL, label_index
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "txt", "json")
@@ -93,8 +93,11 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def decode_jpeg_pixels(data: bytes, size: int | None = None, max_pixels: int | None = MAX_IMAGE_PIXELS,
-                       ) -> torch.Tensor | None:  # fmt: skip
+def decode_jpeg_pixels(
+    data: bytes,
+    size: int | None = None,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> torch.Tensor | None:
     """A JPEG as a uint8 CHW RGB tensor (a view of HWC memory) through libjpeg-turbo, at the smallest
     DCT scale (1/2, 1/4, 1/8) whose shorter side is still `size` or more; None when libjpeg-turbo cannot
     read it (PIL then decodes it, and reports what is wrong).
@@ -155,8 +158,10 @@ def decode_array(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.n
         raise ValueError("a .npy of Python objects (a pickle): refused")
     count = math.prod(shape)
     if count * dtype.itemsize != len(data) - stream.tell():
-        raise ValueError(f".npy declares shape {shape} of {dtype} ({count * dtype.itemsize:,} bytes), but holds "
-                         f"{len(data) - stream.tell():,}")  # fmt: skip
+        raise ValueError(
+            f".npy declares shape {shape} of {dtype} ({count * dtype.itemsize:,} bytes), but holds "
+            f"{len(data) - stream.tell():,}"
+        )
     if len(shape) >= 2:
         check_pixels(shape[1], shape[0], max_pixels)
     return np.load(io.BytesIO(data), allow_pickle=False)
@@ -222,9 +227,12 @@ def optional_label(sample: dict, classes: Sequence[str] | None = None) -> int:
 
 
 def decode_sample(
-    sample: dict, size: int | None = None, classes: Sequence[str] | None = None, need_label: bool = True,
+    sample: dict,
+    size: int | None = None,
+    classes: Sequence[str] | None = None,
+    need_label: bool = True,
     max_pixels: int | None = MAX_IMAGE_PIXELS,
-) -> tuple[Image.Image | np.ndarray | torch.Tensor, int]:  # fmt: skip
+) -> tuple[Image.Image | np.ndarray | torch.Tensor, int]:
     """(image, label) for one grouped tar sample; raises `DecodeError` naming the shard and key.
 
     The image is a PIL image, an HWC/HW array (.npy), or a CHW uint8 tensor (JPEGs that need no draft).

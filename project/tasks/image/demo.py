@@ -25,9 +25,9 @@ from PIL import Image, ImageDraw
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from project.commands import run_command
+from project.data.parallel import imap_unordered
 from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.errors import UserError, run_main
-from project.shards.parallel import imap_unordered
 
 CLASSES = ["circle", "ring", "triangle", "square", "hexagon", "star", "cross", "crescent", "bar", "arrow"]
 SPLITS = ("train", "val", "test")
@@ -59,7 +59,7 @@ POLYGONS = {
         (-1, 0.3),
         (-0.3, 0.3),
         (-0.3, 1),
-    ],  # fmt: skip
+    ],
     "bar": [(-1, -0.28), (1, -0.28), (1, 0.28), (-1, 0.28)],
     "arrow": [(-1, -0.18), (0.2, -0.18), (0.2, -0.55), (1, 0), (0.2, 0.55), (0.2, 0.18), (-1, 0.18)],
 }
@@ -183,10 +183,17 @@ def make_demo(
     for split, total in sizes.items():
         (out / split).mkdir(parents=True, exist_ok=True)
         jobs[split] = [
-            ShardJob(split, n, first, min(samples_per_shard, total - first),
-                     str(out / split / f"{split}-{n:06d}.tar"), image_size, seed)
+            ShardJob(
+                split,
+                n,
+                first,
+                min(samples_per_shard, total - first),
+                str(out / split / f"{split}-{n:06d}.tar"),
+                image_size,
+                seed,
+            )
             for n, first in enumerate(range(0, total, samples_per_shard))
-        ]  # fmt: skip
+        ]
     workers = workers or min(4, os.cpu_count() or 1)
     every_job = [job for split in SPLITS for job in jobs[split]]
     written: dict[str, Shard] = {}

@@ -73,8 +73,12 @@ class DeviceDecoder:
         position = {row: i for i, row in enumerate(batch.image_rows + rows)}
         image = stacked[torch.tensor([position[row] for row in order], device=stacked.device)]
         keep = torch.tensor(order, device=device)
-        result = ImageBatch(image=image, label=batch.label[keep], keys=[batch.keys[row] for row in order],
-                            skipped=[*batch.skipped, *skipped])  # fmt: skip
+        result = ImageBatch(
+            image=image,
+            label=batch.label[keep],
+            keys=[batch.keys[row] for row in order],
+            skipped=[*batch.skipped, *skipped],
+        )
         return result, skipped
 
     def _resize_center(self, images: list[torch.Tensor]) -> torch.Tensor:

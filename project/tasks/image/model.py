@@ -12,7 +12,7 @@ from project.callbacks.media import log_image, media_loggers
 from project.tasks.classifier import Classifier, decay_groups, lr_factor
 from project.tasks.image.backbones import build_backbone
 from project.tasks.image.batch import ImageBatch
-from project.tasks.image.report import batch_grid
+from project.tasks.image.pictures import batch_grid
 
 __all__ = ["ImageClassifier", "lr_factor"]
 

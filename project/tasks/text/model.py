@@ -132,8 +132,10 @@ class TextClassifier(Classifier):
         theirs = checkpoint.get("hyper_parameters", {}).get("tokenizer_hash")
         ours = self.hparams.tokenizer_hash
         if theirs and ours and theirs != ours:
-            raise UserError(f"the checkpoint was trained with another tokenizer (sha256 {theirs[:12]}…) than "
-                            f"the data's ({ours[:12]}…): use the tokenizer.json it was trained with")  # fmt: skip
+            raise UserError(
+                f"the checkpoint was trained with another tokenizer (sha256 {theirs[:12]}…) than "
+                f"the data's ({ours[:12]}…): use the tokenizer.json it was trained with"
+            )
 
 
 def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -230,8 +232,10 @@ class PretrainedEncoder(nn.Module):
         if own.is_file() and file_hash(own) != data_hash:
             raise UserError(f"the data is tokenized with another tokenizer than model.pretrained's: {hint}")
         if data_vocab > self.model.config.vocab_size:
-            raise UserError(f"the data's tokenizer has {data_vocab} tokens, model.pretrained's embeddings "
-                            f"{self.model.config.vocab_size}: {hint}")  # fmt: skip
+            raise UserError(
+                f"the data's tokenizer has {data_vocab} tokens, model.pretrained's embeddings "
+                f"{self.model.config.vocab_size}: {hint}"
+            )
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         states = self.model(input_ids=tokens, attention_mask=mask.long()).last_hidden_state

@@ -270,8 +270,9 @@ def train_tokenizer(
     write_index(index_path, index.shards, index.name, {**index.extra, "tokenizer": entry})
     tokenizer.encode_special_tokens = True  # measure as load_tokenizer encodes
     per_text, per_word, per_byte = _ratios(tokenizer, reader.sample)
-    return TokenizerReport(path, sha256, size, reader.texts, reader.chars, per_text, per_word, per_byte, reader.skipped,
-                           asked=vocab_size)  # fmt: skip
+    return TokenizerReport(
+        path, sha256, size, reader.texts, reader.chars, per_text, per_word, per_byte, reader.skipped, asked=vocab_size
+    )
 
 
 def command(data: str, **kwargs: Any) -> TokenizerReport:

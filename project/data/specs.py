@@ -14,11 +14,11 @@ from urllib.parse import urlsplit
 
 import braceexpand
 
-from project.data.redact import redact
 from project.data.remote import is_remote, local_path
 from project.data.samples import count_samples
 from project.data.shard_index import INDEX_NAME, Shard, ShardIndex, merged_extra, read_index
 from project.errors import ShardError, UserError
+from project.redact import redact
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 

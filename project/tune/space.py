@@ -11,8 +11,8 @@ import yaml
 
 from project.cli import CONFIG_DIR
 from project.data.atomic import write_text_atomically
-from project.data.redact import redact_value
 from project.errors import UserError
+from project.redact import redact_value
 
 DEFAULT_SEARCH = CONFIG_DIR / "tune" / "default.yaml"
 

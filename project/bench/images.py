@@ -15,7 +15,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 
 from project.data.shard_index import INDEX_NAME, Shard, write_index
-from project.data.shards import resolve_shards
+from project.data.specs import resolve_shards
 from project.data.workers import proc_stat, worker_context
 from project.tasks.image.data import ImageShards
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_label, decode_sample

@@ -35,9 +35,28 @@ OPTION = re.compile(r"-{1,2}[A-Za-z][\w-]*")
 PATH = re.compile(r"[\w./~-]*[./][\w./~-]*")
 WORD = re.compile(r"[a-z]{1,10}|[a-z]{1,3}[0-9]")  # a subcommand (cp, s3), never a lower-case token
 # options whose next argument is a credential (curl, wget, aws, gsutil, ssh, and the usual long names)
-CREDENTIAL_OPTIONS = frozenset({"-u", "--user", "-U", "--proxy-user", "-H", "--header", "-p", "--password",
-                                "--oauth2-bearer", "--token", "--key", "--secret", "--auth", "--http-password",
-                                "--http-user", "--aws-secret-access-key", "--access-key", "--secret-key"})  # fmt: skip
+CREDENTIAL_OPTIONS = frozenset(
+    {
+        "-u",
+        "--user",
+        "-U",
+        "--proxy-user",
+        "-H",
+        "--header",
+        "-p",
+        "--password",
+        "--oauth2-bearer",
+        "--token",
+        "--key",
+        "--secret",
+        "--auth",
+        "--http-password",
+        "--http-user",
+        "--aws-secret-access-key",
+        "--access-key",
+        "--secret-key",
+    }
+)
 
 
 def redact(url: str) -> str:
