@@ -162,3 +162,13 @@ def parse_tool_arguments(
         print(parser.dump(config, skip_none=False), end="")
         raise SystemExit(0)
     return arguments(parser, config), rest
+
+
+def renamed_command(old: str, new: str) -> None:
+    """Run the command that `python -m old` was, with a note of its name now (the older names stay a release)."""
+    import importlib
+
+    from project.errors import run_main
+
+    _notice(f"python -m {old}", f"python -m {new}")
+    run_main(importlib.import_module(new).main)

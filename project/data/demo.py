@@ -1,7 +1,7 @@
-"""`python -m project.data.demo`: the command's old name, kept working; the tool lives in project.tasks.image.demo."""
+"""`python -m project.data.demo`: the older name of `python -m project.tasks.image.demo`,
+kept for one release with a note."""
 
-from project.errors import run_main
-from project.tasks.image.demo import main
+from project.commands import renamed_command
 
 if __name__ == "__main__":
-    run_main(main)
+    renamed_command("project.data.demo", "project.tasks.image.demo")

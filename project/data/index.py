@@ -1,7 +1,7 @@
-"""`python -m project.data.index`: the command's old name, kept working; the tool lives in project.shards.index."""
+"""`python -m project.data.index`: the older name of `python -m project.shards.index`,
+kept for one release with a note."""
 
-from project.errors import run_main
-from project.shards.index import main
+from project.commands import renamed_command
 
 if __name__ == "__main__":
-    run_main(main)
+    renamed_command("project.data.index", "project.shards.index")

@@ -1,7 +1,7 @@
-"""`python -m project.data.prepare`: the command's old name, kept working; the tool lives in project.shards.prepare."""
+"""`python -m project.data.prepare`: the older name of `python -m project.shards.prepare`,
+kept for one release with a note."""
 
-from project.errors import run_main
-from project.shards.prepare import main
+from project.commands import renamed_command
 
 if __name__ == "__main__":
-    run_main(main)
+    renamed_command("project.data.prepare", "project.shards.prepare")

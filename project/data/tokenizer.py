@@ -1,8 +1,7 @@
-"""`python -m project.data.tokenizer`: the tokenizer command beside prepare and index; the tool lives in
-project.tasks.text.tokenizer."""
+"""`python -m project.data.tokenizer`: the older name of `python -m project.tasks.text.tokenizer`,
+kept for one release with a note."""
 
-from project.errors import run_main
-from project.tasks.text.tokenizer import main
+from project.commands import renamed_command
 
 if __name__ == "__main__":
-    run_main(main)
+    renamed_command("project.data.tokenizer", "project.tasks.text.tokenizer")

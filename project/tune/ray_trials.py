@@ -9,7 +9,7 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from project.data.redact import redact_text
+from project.redact import redact_text
 from project.errors import UserError, one_line, user_error_in
 from project.tune.space import as_flags, trial_flags
 
