@@ -9,8 +9,8 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from project.redact import redact_text
 from project.errors import UserError, one_line, user_error_in
+from project.redact import redact_text
 from project.tune.space import as_flags, trial_flags
 
 SCHEDULERS = ("asha", "pbt", "fifo")

@@ -18,8 +18,8 @@ from rich.table import Table
 
 from project.callbacks.save_config import redacted_config
 from project.cli import ProjectCLI
-from project.redact import redact
 from project.errors import UserError
+from project.redact import redact
 from project.tune.space import as_flags, best_config, short, trial_flags, versioned_logger
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
