@@ -118,6 +118,8 @@ def modernized(args: Sequence[str], options: set[str], spellings: Spellings | No
                 values.append(args[position])
                 position += 1
             result.append(f"{name}={json.dumps(values)}")
+        elif name in spellings.lists and equals and not value.startswith("["):  # one value, given as a list
+            result.append(f"{name}={json.dumps(value.split(','))}")
         else:
             result.append(f"{name}{equals}{value}")
     return result

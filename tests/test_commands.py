@@ -44,6 +44,8 @@ def test_the_old_spellings_still_work_each_with_one_note(tmp_path):
     assert old.returncode == 0, old.stderr[-2000:]
     notes = [line for line in old.stderr.splitlines() if line.startswith("note:")]
     assert notes == [
+        "note: python -m project.data.prepare is spelled python -m project.shards.prepare now; the old spelling goes "
+        "in the next release",
         "note: --samples-per-shard is spelled --samples_per_shard now; the old spelling goes in the next release",
         "note: --text alone is spelled --text true now; the old spelling goes in the next release",
     ]
