@@ -116,7 +116,7 @@ KILLER = """
 import os, sys
 from pathlib import Path
 from project.active import labeled
-from project.shards import tarwriter
+from project.data import tarwriter
 point = sys.argv[1]
 folder = Path(sys.argv[2])
 samples = [{"__key__": f"new_{i}", "cls": b"1", "jpg": bytes(2000)} for i in range(5)]
