@@ -158,7 +158,7 @@ def test_inspect_counts_a_bomb_as_unreadable_instead_of_crashing(tmp_path):
         writer.write({"__key__": "fine", "jpg": small("JPEG"), "cls": b"0"})
         writer.write({"__key__": "bomb", "png": png_bomb(), "cls": b"1"})
         writer.write({"__key__": "broken", "jpg": b"\xff\xd8 not a jpeg", "cls": b"1"})
-    result = run_here("project.data.inspect", str(tmp_path / "shard-000000.tar"), cwd=tmp_path)
+    result = run_here("project.shards.inspect", str(tmp_path / "shard-000000.tar"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "unreadable images: 2 (training skips them); the first: bomb: it declares more pixels" in result.stdout
     assert "16x16 (1)" in result.stdout

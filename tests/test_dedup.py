@@ -272,13 +272,13 @@ def test_inspect_finds_the_planted_leaks_and_fails_ci(planted, tmp_path):
     train_groups = {group[key] for key in kept["train"]}
     expected = {split: sum(group[key] in train_groups for key in kept[split]) for split in ("val", "test")}
     assert expected["val"] + expected["test"] > 10
-    found = run_here("project.data.inspect", str(tmp_path / "raw"), "--leakage", "--fail-on-leakage", cwd=tmp_path)
+    found = run_here("project.shards.inspect", str(tmp_path / "raw"), "--leakage", "--fail-on-leakage", cwd=tmp_path)
     assert found.returncode == 1, found.stderr
     for split in ("val", "test"):
         assert f"{split}: {expected[split]} of {len(kept[split])} samples duplicate train samples" in found.stdout
     assert "val/test samples duplicate train samples" in found.stderr
     prepare(str(root), tmp_path / "clean", workers=1, quiet=True, dedup="near", samples_per_shard=50)
-    clean = run_here("project.data.inspect", str(tmp_path / "clean"), "--leakage", "--fail-on-leakage", cwd=tmp_path)
+    clean = run_here("project.shards.inspect", str(tmp_path / "clean"), "--leakage", "--fail-on-leakage", cwd=tmp_path)
     assert clean.returncode == 0, clean.stderr
     assert "val: 0 of" in clean.stdout and "test: 0 of" in clean.stdout
 
@@ -293,7 +293,7 @@ def test_inspect_finds_the_planted_leaks_and_fails_ci(planted, tmp_path):
 )
 def test_bad_dedup_settings_are_one_line_errors(planted, tmp_path, arguments, message):
     root, _ = planted
-    result = run_here("project.data.prepare", str(root), "--out", str(tmp_path / "out"), *arguments, cwd=tmp_path)
+    result = run_here("project.shards.prepare", str(root), "--out", str(tmp_path / "out"), *arguments, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
@@ -311,7 +311,7 @@ def test_near_text_without_datasketch_says_what_to_install(tmp_path, monkeypatch
 def test_leakage_needs_train_and_another_split(planted, tmp_path):
     root, _ = planted
     prepare(str(root), tmp_path / "out", workers=1, quiet=True, val_fraction=0, test_fraction=0)
-    result = run_here("project.data.inspect", str(tmp_path / "out" / "train"), "--leakage", cwd=tmp_path)
+    result = run_here("project.shards.inspect", str(tmp_path / "out" / "train"), "--leakage", cwd=tmp_path)
     assert result.returncode == 2 and "--leakage needs DIR/train and DIR/val or DIR/test" in result.stderr
 
 

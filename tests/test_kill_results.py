@@ -137,7 +137,7 @@ def check_prepared(out: Path, reference: Path) -> None:
 
 def check_prepare_again(images: Path, out: Path, reference: Path) -> None:
     """The same command, run again, finishes: every file of the uninterrupted run, equal, and no temporary."""
-    again = run_here("project.data.prepare", *prepare_args(images, out), cwd=out.parent)
+    again = run_here("project.shards.prepare", *prepare_args(images, out), cwd=out.parent)
     assert again.returncode == 0, again.stderr[-3000:]
     assert files(out).keys() == files(reference).keys()
     check_prepared(out, reference)
@@ -186,7 +186,7 @@ def test_prepare_with_workers_killed_as_they_write_shards_leaves_whole_results(i
     at the first and the last write a worker makes, and at the command's last write (each kill costs a new
     interpreter and its workers' imports, about 30 s here: the forked sweep above takes every write)."""
     count = tmp_path / "count.log"
-    result = killed("project.data.prepare", prepare_args(images, tmp_path / "count" / "out", 2), tmp_path, count, 0)
+    result = killed("project.shards.prepare", prepare_args(images, tmp_path / "count" / "out", 2), tmp_path, count, 0)
     assert result.returncode == 0, result.stderr[-3000:]
     pids = [line.split("\t")[1] for line in count.read_text().splitlines()]
     in_workers = [n for n, pid in enumerate(pids, 1) if pid != pids[0]]
@@ -194,7 +194,7 @@ def test_prepare_with_workers_killed_as_they_write_shards_leaves_whole_results(i
     check_prepared(tmp_path / "count" / "out", prepared)
     for at in sorted({in_workers[0], in_workers[-1], len(pids)}):
         out, log = tmp_path / f"torn{at}" / "out", tmp_path / f"torn{at}.log"
-        assert_killed(killed("project.data.prepare", prepare_args(images, out, 2), out.parent, log, at), log, at)
+        assert_killed(killed("project.shards.prepare", prepare_args(images, out, 2), out.parent, log, at), log, at)
         check_prepared(out, prepared)
         check_prepare_again(images, out, prepared)
 

@@ -172,7 +172,7 @@ def test_a_restart_keeps_finished_shards_and_redoes_the_rest(image_folder, tmp_p
     assert_round_trip(out, expected)
     assert not list((out / "train").glob(f".*{PARTIAL}*")), "a half-written shard was left behind"
     args = [str(root), "--out", str(out), "--samples-per-shard", "4", "--seed", "5"]
-    result = run_here("project.data.prepare", *args, cwd=tmp_path)
+    result = run_here("project.shards.prepare", *args, cwd=tmp_path)
     assert result.returncode == 2 and "holds a prepare run with other settings (seed)" in result.stderr
 
 
@@ -230,7 +230,7 @@ def test_index_reports_corrupt_members(tmp_path):
     subprocess.run(
         ["tar", "-cf", str(tmp_path / "x.tar"), *sorted(p.name for p in files.iterdir())], cwd=files, check=True
     )
-    result = run_here("project.data.index", str(tmp_path / "x.tar"), "--out", str(tmp_path / "i.json"), cwd=tmp_path)
+    result = run_here("project.shards.index", str(tmp_path / "x.tar"), "--out", str(tmp_path / "i.json"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "2 problem(s) found" in result.stdout
     assert "sample0003: .jpg does not decode" in result.stdout and "sample0007: no label member" in result.stdout
@@ -254,7 +254,7 @@ def test_other_image_modes_and_sizes_train_and_inspect(tmp_path):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(image_bytes(i, format, size, mode))
     prepared = run_here(
-        "project.data.prepare",
+        "project.shards.prepare",
         str(root),
         "--out",
         str(tmp_path / "out"),
@@ -271,7 +271,7 @@ def test_other_image_modes_and_sizes_train_and_inspect(tmp_path):
     args += ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", "--data.max_skipped_fraction=0"]
     result = run_here("project.train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    inspected = run_here("project.data.inspect", str(tmp_path / "out"), "--samples", "9", cwd=tmp_path)
+    inspected = run_here("project.shards.inspect", str(tmp_path / "out"), "--samples", "9", cwd=tmp_path)
     assert inspected.returncode == 0, inspected.stderr[-3000:]
     assert "train: 1 shards, 12 samples" in " ".join(inspected.stdout.split())
     assert "I;16" in inspected.stdout and "640x480" in inspected.stdout

@@ -177,7 +177,7 @@ def test_bad_rows_are_skipped_named_and_counted(tmp_path, capsys):
     ]
     assert sorted(text for text, _ in merged(tmp_path / "out").values()) == [f"good text {i}" for i in range(9)]
     assert "data/00000004" not in merged(tmp_path / "out")
-    cli = run_here("project.data.prepare", str(listing), "--out", str(tmp_path / "cli"), "--workers", "1", cwd=tmp_path)
+    cli = run_here("project.shards.prepare", str(listing), "--out", str(tmp_path / "cli"), "--workers", "1", cwd=tmp_path)
     assert cli.returncode == 0, cli.stderr
     assert f"skipped {listing} row 4: not valid UTF-8\n" in cli.stderr and f"{listing} row 9: empty label" in cli.stderr
     assert cli.stdout.strip().splitlines()[-1] == f"wrote {tmp_path / 'cli'}: train 9, val 0, test 0 samples; " + (
@@ -213,7 +213,7 @@ def test_a_missing_column_names_the_columns_found(tmp_path):
     assert str(caught.value) == f"{listing} has no 'text' column (found: body, label); set --text-column"
     with pytest.raises(UserError, match=r"has no 'y' column \(found: body, label\); set --label-column$"):
         prepare(str(listing), tmp_path / "out", quiet=True, text_column="body", label_column="y")
-    cli = run_here("project.data.prepare", str(listing), "--out", str(tmp_path / "cli"), cwd=tmp_path)
+    cli = run_here("project.shards.prepare", str(listing), "--out", str(tmp_path / "cli"), cwd=tmp_path)
     assert cli.returncode == 2 and cli.stderr.strip().splitlines() == [
         f"error: {listing} has no 'path' column (images) and no 'text' column (text) (found: body, label); "
         "set --text-column"
@@ -264,7 +264,7 @@ def test_resize_or_format_with_text_is_one_line_error(tmp_path):
     listing = write_csv(tmp_path / "data.csv", ["text", "label"], [["words", 1]])
     with pytest.raises(UserError, match="--resize and --format re-encode images"):
         prepare(str(listing), tmp_path / "out", resize=32, quiet=True)
-    cli = run_here("project.data.prepare", str(listing), "--out", str(tmp_path / "o"), "--format", "png", cwd=tmp_path)
+    cli = run_here("project.shards.prepare", str(listing), "--out", str(tmp_path / "o"), "--format", "png", cwd=tmp_path)
     assert cli.returncode == 2 and len(cli.stderr.strip().splitlines()) == 1
 
 
@@ -313,7 +313,7 @@ def test_index_counts_text_shards_made_elsewhere_and_lists_bad_texts(tmp_path):
 def test_inspect_shows_text_lengths_and_the_first_texts(tmp_path):
     source = write_csv(tmp_path / "t.csv", ["text", "label"], [[f"review {i} {'word ' * i}", "pos"] for i in range(20)])
     prepare(str(source), tmp_path / "out", workers=1, quiet=True)
-    inspected = run_here("project.data.inspect", str(tmp_path / "out" / "train"), cwd=tmp_path)
+    inspected = run_here("project.shards.inspect", str(tmp_path / "out" / "train"), cwd=tmp_path)
     assert inspected.returncode == 0, inspected.stderr
     assert "text lengths in characters: median" in inspected.stdout
     assert "[pos] 'review " in inspected.stdout

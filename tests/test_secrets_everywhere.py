@@ -356,7 +356,7 @@ def prepare(served, tmp_path_factory) -> Run:
     """Re-sharding the presigned train split into a local dataset folder."""
     run = new_run(tmp_path_factory, "prepare")
     run_tool(
-        served, run, "project.data.prepare", served.url("train"), "--out=out", "--samples-per-shard=50", "--workers=1"
+        served, run, "project.shards.prepare", served.url("train"), "--out=out", "--samples-per-shard=50", "--workers=1"
     )
     yield run
     run.clean()
@@ -365,7 +365,7 @@ def prepare(served, tmp_path_factory) -> Run:
 @pytest.fixture(scope="module")
 def inspect(served, tmp_path_factory) -> Run:
     run = new_run(tmp_path_factory, "inspect")
-    run_tool(served, run, "project.data.inspect", served.url("train"), "--sheet=sheet.png", "--samples=8")
+    run_tool(served, run, "project.shards.inspect", served.url("train"), "--sheet=sheet.png", "--samples=8")
     yield run
     run.clean()
 

@@ -166,10 +166,10 @@ def test_the_command_prints_the_report(dataset, capsys):
     assert report.tokens_per_word > 1 and 0 < report.tokens_per_byte < 1
 
 
-def test_the_alias_module_runs_the_command(dataset, tmp_path):
-    result = run_here("project.data.tokenizer", str(dataset), "--vocab-size", "99", cwd=tmp_path)
+def test_the_command_runs_at_its_real_path(dataset, tmp_path):
+    result = run_here("project.tasks.text.tokenizer", str(dataset), "--vocab-size", "99", cwd=tmp_path)
     assert result.returncode == 2 and "\nerror: --vocab_size 99 is too small" in result.stderr  # after the note
-    result = run_here("project.data.tokenizer", str(dataset), "--vocab-size", "300", cwd=tmp_path)
+    result = run_here("project.tasks.text.tokenizer", str(dataset), "--vocab-size", "300", cwd=tmp_path)
     assert result.returncode == 0 and "300 tokens from" in result.stdout
 
 

@@ -61,9 +61,9 @@ def test_an_index_that_lists_a_command_is_refused_on_every_path_that_reads_one(t
     )
     index = str(data / "train" / INDEX_NAME)
     runs = {
-        "inspect": ("project.data.inspect", index),
-        "index": ("project.data.index", str(part), "--out", str(tmp_path / "new" / INDEX_NAME)),
-        "prepare": ("project.data.prepare", str(data / "train"), "--out", str(tmp_path / "re"), "--workers", "1"),
+        "inspect": ("project.shards.inspect", index),
+        "index": ("project.shards.index", str(part), "--out", str(tmp_path / "new" / INDEX_NAME)),
+        "prepare": ("project.shards.prepare", str(data / "train"), "--out", str(tmp_path / "re"), "--workers", "1"),
         "train": ("project.train", f"--data.root={data}", "--trainer.max_epochs=1", "--data.num_workers=0"),
         "active": (
             "project.active",

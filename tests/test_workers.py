@@ -101,6 +101,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_workers_start_without_running_the_entry_point_again_or_warning(demo, tmp_path):
     """`python -m MODULE`: the forkserver runs MODULE once as __mp_main__, so its workers neither run it
     again (it would import the entry point's dependencies in every worker of every epoch) nor warn that
@@ -174,6 +175,7 @@ time.sleep(300)
 """
 
 
+@pytest.mark.slow
 @linux
 def test_workers_and_their_server_stop_when_the_training_process_is_killed(demo):
     """SIGKILL gives the training process no chance to stop its workers; they must notice on their own,
