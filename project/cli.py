@@ -115,6 +115,7 @@ class ProjectCLI(LightningCLI):
             raise SystemExit(0)
         if self.from_checkpoint:
             without_pretrained_weights(self.config)
+        tokenizer_of_pretrained(self.config)
         if self.config.get("ckpt_path") == "last":
             self._resume_latest_run()
         elif self.config.get("ckpt_path") and not is_local(self.config.ckpt_path):
@@ -158,6 +159,16 @@ class ProjectCLI(LightningCLI):
         init_args.version = int(latest.name.split("_", 1)[1])
         check_checkpoint(self.config.ckpt_path, option="--ckpt_path last")
         print(f"resuming {self.config.ckpt_path}", file=sys.stderr)
+
+
+def tokenizer_of_pretrained(config: Any) -> None:
+    """A pretrained text encoder's folder is also the data's tokenizer, unless data.tokenizer names one:
+    the model's embeddings mean its own tokenizer's ids."""
+    model, data = (getattr(config.get(section), "init_args", None) for section in ("model", "data"))
+    if model is None or data is None or not model.get("pretrained") or "tokenizer" not in data:
+        return
+    if data.get("tokenizer") is None:
+        data["tokenizer"] = model["pretrained"]
 
 
 class ConfigOnlyCLI(ProjectCLI):

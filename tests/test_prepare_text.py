@@ -177,7 +177,9 @@ def test_bad_rows_are_skipped_named_and_counted(tmp_path, capsys):
     ]
     assert sorted(text for text, _ in merged(tmp_path / "out").values()) == [f"good text {i}" for i in range(9)]
     assert "data/00000004" not in merged(tmp_path / "out")
-    cli = run_here("project.shards.prepare", str(listing), "--out", str(tmp_path / "cli"), "--workers", "1", cwd=tmp_path)
+    cli = run_here(
+        "project.shards.prepare", str(listing), "--out", str(tmp_path / "cli"), "--workers", "1", cwd=tmp_path
+    )
     assert cli.returncode == 0, cli.stderr
     assert f"skipped {listing} row 4: not valid UTF-8\n" in cli.stderr and f"{listing} row 9: empty label" in cli.stderr
     assert cli.stdout.strip().splitlines()[-1] == f"wrote {tmp_path / 'cli'}: train 9, val 0, test 0 samples; " + (
@@ -264,7 +266,9 @@ def test_resize_or_format_with_text_is_one_line_error(tmp_path):
     listing = write_csv(tmp_path / "data.csv", ["text", "label"], [["words", 1]])
     with pytest.raises(UserError, match="--resize and --format re-encode images"):
         prepare(str(listing), tmp_path / "out", resize=32, quiet=True)
-    cli = run_here("project.shards.prepare", str(listing), "--out", str(tmp_path / "o"), "--format", "png", cwd=tmp_path)
+    cli = run_here(
+        "project.shards.prepare", str(listing), "--out", str(tmp_path / "o"), "--format", "png", cwd=tmp_path
+    )
     assert cli.returncode == 2 and len(cli.stderr.strip().splitlines()) == 1
 
 

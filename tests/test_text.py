@@ -62,7 +62,7 @@ def padding_share(batches: list) -> float:
     return 1 - sum(int(b.lengths.sum()) for b in batches) / sum(b.tokens.numel() for b in batches)
 
 
-@pytest.mark.parametrize("encoder", ["transformer", "cnn", "bag"])
+@pytest.mark.parametrize("encoder", ["transformer", "cnn", "bag", "ngrams"])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])  # the no-grad path is a fused kernel
 def test_each_padded_row_has_the_logits_of_its_text_alone(root, encoder, grad):
     data = text_data(root)

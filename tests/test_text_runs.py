@@ -162,7 +162,7 @@ def test_a_fraction_trains_on_exactly_that_share_and_evaluate_reports_test_acc(r
 def tiny_distilbert(folder: Path, texts: list[str]) -> None:
     """A 1-layer DistilBERT and a WordPiece tokenizer for it ([PAD]=0, [CLS] text [SEP]), made offline."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import DistilBertConfig, DistilBertModel
+    from transformers import DistilBertConfig, DistilBertModel, PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -172,7 +172,10 @@ def tiny_distilbert(folder: Path, texts: list[str]) -> None:
     tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
     ids = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
     tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=ids)
-    tokenizer.save(str(folder / "tokenizer.json"))
+    # as a Hugging Face tokenizer folder holds it: tokenizer.json, tokenizer_config.json, special_tokens_map.json
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+    ).save_pretrained(folder)
     config = DistilBertConfig(
         vocab_size=tokenizer.get_vocab_size(),
         dim=32,
@@ -194,18 +197,24 @@ def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, m
     tiny_distilbert(folder, list(split_samples(root, "train").values()))
     assert all(module.training for module in TextClassifier(pretrained=str(folder)).modules()), "dropout would be off"
     tokenizer = str(folder / "tokenizer.json")
-    forgot = run_here("project.train", *train_args(root, f"--model.pretrained={folder}"), cwd=tmp_path)
-    assert forgot.returncode == 2, forgot.stderr[-3000:]  # the data's own BPE ids would train on nonsense
-    assert forgot.stderr.strip().splitlines()[-1].endswith(f"set data.tokenizer {tokenizer}"), forgot.stderr[-500:]
-    bare = tmp_path / "weights-only"  # no tokenizer.json beside the weights: the vocabulary sizes still tell
-    shutil.copytree(folder, bare)
-    (bare / "tokenizer.json").unlink()
+    # the data's own BPE named by hand: its ids would fit the embeddings and train on nonsense
+    other = run_here(
+        "project.train",
+        *train_args(root, f"--model.pretrained={folder}", f"--data.tokenizer={root}/train/tokenizer.json"),
+        cwd=tmp_path,
+    )
+    assert other.returncode == 2, other.stderr[-3000:]
+    wanted = "another tokenizer than model.pretrained's: leave data.tokenizer unset to use the model's own"
+    assert other.stderr.strip().splitlines()[-1].endswith(wanted), other.stderr[-500:]
+    bare = tmp_path / "weights-only"  # no tokenizer beside the weights: the vocabulary sizes still tell
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(folder / name, bare / name)
     with pytest.raises(UserError, match="tokenizer has 8000 tokens, model.pretrained's embeddings"):
         TextClassifier(pretrained=str(bare), tokenizer_hash="0" * 64, vocab_size=8000)
-    args = train_args(
+    args = train_args(  # no data.tokenizer: the folder's own, through AutoTokenizer
         root,
         f"--model.pretrained={folder}",
-        f"--data.tokenizer={tokenizer}",
         "--data.max_tokens=64",
         "--trainer.max_steps=3",
         "--trainer.log_every_n_steps=1",
@@ -218,7 +227,11 @@ def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, m
     losses = [event.value for event in events(tmp_path / RUN).Scalars("train/loss")]
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
 
+    rates = {event.step: event.value for event in events(tmp_path / RUN).Scalars("lr-AdamW/encoder")}
+    heads = {event.step: event.value for event in events(tmp_path / RUN).Scalars("lr-AdamW/head")}
+    assert rates and all(rates[step] == pytest.approx(0.1 * heads[step]) for step in rates), (rates, heads)
     model = TextClassifier.load_from_checkpoint(tmp_path / RUN / "checkpoints" / "last.ckpt").eval()
+    assert model.hparams.tokenizer_hash == TextShards(root=str(root), tokenizer=str(folder)).tokenizer_hash
     data = TextShards(root=str(root), tokenizer=tokenizer, max_tokens=64, batch_size=16, num_workers=0)
     batch = next(iter(data.val_dataloader()))
     assert data.pad_id == 0 and len(set(batch.lengths.tolist())) > 1

@@ -20,7 +20,18 @@ from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 
-SECTIONS = ("best_checkpoint", "last_checkpoint", "lr_monitor", "speed", "preemption", "hparams", "skipped", "threads")
+SECTIONS = (
+    "best_checkpoint",
+    "last_checkpoint",
+    "lr_monitor",
+    "speed",
+    "preemption",
+    "hparams",
+    "skipped",
+    "threads",
+    "baseline",
+    "early_stopping",
+)
 
 
 def add_callback_sections(parser: LightningArgumentParser) -> None:

@@ -42,10 +42,10 @@ class TextShards(ClassNames, ShardDataModule):
     text of each batch (not to max_tokens). Only these two members are read.
 
     Args:
-        tokenizer: the tokenizer.json to encode with; by default the one beside the training split's
-            shard index (`python -m project.data.tokenizer DATA` writes it there, and records its hash in
-            the index: a run with a tokenizer that differs from the recorded one stops). A pretrained
-            model's own tokenizer.json may be given instead.
+        tokenizer: the tokenizer.json to encode with, or a Hugging Face folder (its AutoTokenizer); by
+            default a pretrained model's folder (model.pretrained), else the one beside the training split's
+            shard index (`python -m project.tasks.text.tokenizer DATA` writes it there, and records its hash
+            in the index: a run with a tokenizer that differs from the recorded one stops).
         max_tokens: tokens kept of each text (the first ones).
         token_dropout: training augmentation: the share of each text's tokens dropped at random (special
             tokens are kept), seeded per batch, so a resumed run drops the same ones.
@@ -100,6 +100,10 @@ class TextShards(ClassNames, ShardDataModule):
     def tokenizer_hash(self) -> str:
         """The tokenizer file's sha256, checked against the one the training index records."""
         path = self.tokenizer_path
+        if Path(path).is_dir():
+            from project.tasks.text.pretrained import folder_fingerprint
+
+            return folder_fingerprint(path)
         if not Path(path).is_file():
             raise UserError(f"tokenizer not found: {path} (train one with {COMMAND} DATA, or set data.tokenizer)")
         if self.specs["train"] is not None and recorded_tokenizer(self.index("train")) and not self.tokenizer_file:

@@ -1,0 +1,123 @@
+"""The text task on real texts: the linear baseline, configs/text/default.yaml and each encoder, on each set.
+
+    python benchmarks/text_corpora.py --out data/corpora            # build the sets first (offline)
+    python benchmarks/text_real.py --corpora data/corpora --work data/text-real \
+        [--sets debian-2k,docs-2k] [--variants default,cnn,transformer,bag] [--json results.jsonl]
+
+For each set: `prepare --text` (70/10/20), `tokenizer`, `baseline`, then one training run per variant, each
+with configs/text/default.yaml and the variant's overrides, as a user would type them. A variant is a name
+from VARIANTS or `name:--key=value,--key=value`. Prints a markdown table row per set and variant: test
+accuracy, the baseline's, epochs run, wall time; the BPE's tokens per word and per byte come from the
+tokenizer's report. Steps that are done (a prepared set, a tokenizer, a baseline) are not redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "text" / "default.yaml"
+VARIANTS = {
+    "default": [],
+    "dropout0.1": ["--data.token_dropout=0.1"],
+    "cnn": ["--model.encoder=cnn", "--model.dim=128", "--model.lr=0.003"],
+    "transformer": ["--model.encoder=transformer", "--model.dim=128", "--model.lr=0.001", "--model.dropout=0.1"],
+    "bag": ["--model.encoder=bag"],
+}
+
+
+def run(*args: str) -> tuple[str, float]:
+    """Run `python -m ARGS` in the repository; its stdout+stderr and wall time. Stops on failure."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"failed: python -m {' '.join(args)}\n{done.stderr[-3000:]}")
+    return done.stdout + done.stderr, time.perf_counter() - start
+
+
+def scalars(run_folder: Path, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_folder))
+    events.Reload()
+    return [event.value for event in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+
+
+def prepared(corpora: Path, work: Path, name: str) -> tuple[Path, str]:
+    """The prepared set (prepare, tokenizer) and the tokenizer's report line."""
+    data = work / name
+    if not (data / "train" / "shardindex.json").is_file():
+        run("project.shards.prepare", str(corpora / name / "texts.csv"), "--text=true", f"--out={data}", "--quiet=true")
+    report = data / "tokenizer.txt"
+    if not (data / "train" / "tokenizer.json").is_file() or not report.is_file():
+        output, _ = run("project.tasks.text.tokenizer", str(data), "--quiet=true")
+        report.write_text(output.strip().splitlines()[-1])
+    return data, report.read_text()
+
+
+def baseline(data: Path, logs: Path, name: str) -> tuple[dict, float]:
+    path = data / "train" / "baseline.json"
+    if not path.is_file():
+        run("project.baseline", f"--data.root={data}", f"--save_dir={logs}", f"--name={name}", "--quiet=true")
+    found = json.loads(path.read_text())
+    return found, float(found["seconds"])
+
+
+def train(data: Path, logs: Path, name: str, variant: str, overrides: list[str]) -> dict:
+    experiment = f"{name}-{variant}"
+    args = ["project.train", f"--config={CONFIG}", f"--data.root={data}", *overrides]
+    args += [f"--trainer.logger.init_args.save_dir={logs}", f"--trainer.logger.init_args.name={experiment}"]
+    output, seconds = run(*args)
+    folder = max((logs / experiment).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    test = scalars(folder, "test/acc")
+    return {"test_acc": test[-1] if test else float("nan"), "epochs": len(scalars(folder, "val/acc")), "seconds": seconds}
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    if text in VARIANTS:
+        return text, VARIANTS[text]
+    name, _, overrides = text.partition(":")
+    if not overrides or not re.fullmatch(r"[\w.-]+", name):
+        sys.exit(f"unknown variant {text!r}: one of {', '.join(VARIANTS)}, or NAME:--key=value,...")
+    return name, overrides.split(",")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpora", type=Path, default=ROOT / "data" / "corpora")
+    parser.add_argument("--work", type=Path, default=ROOT / "data" / "text-real")
+    parser.add_argument("--sets", default="debian-2k,debian-10k,debian-50k,docs-2k,docs-10k")
+    parser.add_argument("--variants", default="default,cnn,transformer,bag")
+    parser.add_argument("--json", type=Path, help="append each result as a JSON line")
+    args = parser.parse_args()
+    variants = [parse_variant(text) for text in args.variants.split(",")]
+    logs = args.work / "logs"
+    print("| set | texts | model | test acc | ÷ baseline | epochs | wall s |\n|---|---|---|---|---|---|---|")
+    for name in args.sets.split(","):
+        if not (args.corpora / name / "texts.csv").is_file():
+            sys.exit(f"no {args.corpora / name / 'texts.csv'}: build it with benchmarks/text_corpora.py")
+        data, tokenizer = prepared(args.corpora, args.work, name)
+        found, seconds = baseline(data, logs, name)
+        texts = sum(found["texts"].values())
+        base = found["test_acc"]
+        print(f"| {name} | {texts:,} | linear baseline | {base:.3f} | 1.00 | - | {seconds:.0f} |", flush=True)
+        rows = [{"set": name, "model": "baseline", "test_acc": base, "seconds": seconds, "tokenizer": tokenizer}]
+        for variant, overrides in variants:
+            result = train(data, logs, name, variant, overrides)
+            ratio = result["test_acc"] / base
+            line = f"| {name} | {texts:,} | {variant} | {result['test_acc']:.3f} | {ratio:.2f} |"
+            print(f"{line} {result['epochs']} | {result['seconds']:.0f} |", flush=True)
+            rows.append({"set": name, "model": variant, "overrides": overrides, **result})
+        if args.json:
+            with open(args.json, "a") as stream:
+                stream.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The text task's encoders: token ids [B, L] and their mask in, one feature vector [B, D] a text out. Each
+ignores padded positions, so a batch padded to its longest text gives each text the features it has alone."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from project.errors import UserError
+
+
+def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of `states` [B, L, D] over the positions where `mask` [B, L] is true."""
+    weights = mask.unsqueeze(-1).to(states.dtype)
+    return (states * weights).sum(1) / weights.sum(1).clamp(min=1)
+
+
+class BagEncoder(nn.Module):
+    """The mean of the token embeddings (padding left out): fast, and blind to word order."""
+
+    def __init__(self, vocab_size: int, dim: int, pad_id: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return masked_mean(self.embedding(tokens), mask)
+
+
+class NGramEncoder(nn.Module):
+    """fastText's text classifier (Joulin et al., "Bag of Tricks for Efficient Text Classification", 2016):
+    the mean of the embeddings of a text's tokens and of its runs of 2 to `ngrams` tokens, each run hashed
+    into one of `buckets` shared rows. It sees word order only within a run, and learns from a few thousand
+    texts what a linear model on TF-IDF n-grams learns, at the speed of a bag of words."""
+
+    PRIME = 1_000_003  # the rolling hash's multiplier: runs that differ in any token land apart
+
+    def __init__(self, vocab_size: int, dim: int, ngrams: int, buckets: int, pad_id: int) -> None:
+        super().__init__()
+        if ngrams < 1 or (ngrams > 1 and buckets < 1):
+            raise UserError(f"model.ngrams must be 1 or more and model.buckets positive, got {ngrams}, {buckets}")
+        self.dim, self.vocab_size, self.ngrams, self.buckets = dim, vocab_size, ngrams, buckets
+        self.embedding = nn.Embedding(vocab_size + (buckets if ngrams > 1 else 0), dim, padding_idx=pad_id)
+        nn.init.uniform_(self.embedding.weight, -1 / dim, 1 / dim)  # fastText's start: near zero, all alike
+        with torch.no_grad():
+            self.embedding.weight[pad_id].zero_()
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        ids, keep = [tokens], [mask]
+        hashed, kept = tokens, mask
+        for n in range(2, self.ngrams + 1):  # hashed[:, i] stands for tokens i .. i+n-1
+            hashed = (hashed[:, :-1] * self.PRIME + tokens[:, n - 1 :]) % 2**31
+            kept = kept[:, :-1] & mask[:, n - 1 :]
+            ids.append(self.vocab_size + hashed % self.buckets)
+            keep.append(kept)
+        return masked_mean(self.embedding(torch.cat(ids, 1)), torch.cat(keep, 1))
+
+
+class ConvEncoder(nn.Module):
+    """Token embeddings, 1-D convolutions over neighbouring tokens (each layer sees two more), and the
+    masked max over positions: n-gram detectors ("not great") that train fast on a CPU.
+
+    Padded positions are zeroed after every layer, so a text's logits do not depend on its padding.
+    """
+
+    def __init__(self, vocab_size: int, dim: int, layers: int, kernel: int, dropout: float, pad_id: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        self.convolutions = nn.ModuleList(nn.Conv1d(dim, dim, kernel, padding=kernel // 2) for _ in range(layers))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        keep = mask.unsqueeze(1).to(self.embedding.weight.dtype)  # [B, 1, L]
+        states = self.embedding(tokens).transpose(1, 2) * keep  # [B, D, L]
+        for convolution in self.convolutions:
+            states = states + self.dropout(F.gelu(convolution(states))) * keep
+        states = states.masked_fill(~mask.unsqueeze(1), torch.finfo(states.dtype).min)
+        return states.amax(dim=2)
+
+
+class TransformerEncoder(nn.Module):
+    """Token and learned position embeddings, pre-norm transformer layers that ignore padding, and the
+    masked mean of the last layer."""
+
+    def __init__(
+        self, vocab_size: int, dim: int, layers: int, heads: int, dropout: float, max_tokens: int, pad_id: int
+    ) -> None:
+        super().__init__()
+        if dim % heads:
+            raise UserError(f"model.dim ({dim}) must be a multiple of model.heads ({heads})")
+        self.dim = dim
+        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        self.position_embedding = nn.Embedding(max_tokens, dim)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, 4 * dim, dropout, activation="gelu", batch_first=True, norm_first=True
+        )
+        # no nested-tensor fast path: it would return zeros, not states, at padded positions (masked anyway)
+        self.layers = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        states = self.embedding(tokens) + self.position_embedding(positions)
+        states = self.layers(states, src_key_padding_mask=~mask)
+        return masked_mean(self.norm(states), mask)

@@ -1,0 +1,94 @@
+"""Hugging Face folders, for fine-tuning: a pretrained encoder (transformers' AutoModel) and its own tokenizer
+(AutoTokenizer), both read from a local folder with `local_files_only`: nothing is downloaded, no code the
+folder names is run, and weights load as tensors only."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+from project.errors import UserError
+from project.tasks.text.encoders import masked_mean
+
+INSTALL = "pip install -e '.[text]'"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def folder_tokenizer(folder: str | Path) -> Tokenizer:
+    """The tokenizer of a Hugging Face folder (AutoTokenizer: tokenizer.json, or a vocabulary it converts),
+    as the `tokenizers.Tokenizer` the text task encodes with; its [CLS] ... [SEP] template is kept."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise UserError(f"a tokenizer folder ({folder}) needs transformers: {INSTALL}") from None
+    try:
+        auto = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot use
+        raise UserError(f"no usable Hugging Face tokenizer in {folder} ({_first_line(error)})") from None
+    backend = getattr(auto, "backend_tokenizer", None)
+    if backend is None:
+        raise UserError(f"the tokenizer in {folder} has no fast (Rust) form: save it with a tokenizer.json")
+    return Tokenizer.from_str(backend.to_str())
+
+
+def folder_fingerprint(folder: str | Path) -> str:
+    """The sha256 of a folder's tokenizer as it encodes (its serialized form): what a checkpoint records."""
+    return hashlib.sha256(folder_tokenizer(folder).to_str().encode("utf-8")).hexdigest()
+
+
+class PretrainedEncoder(nn.Module):
+    """A Hugging Face encoder from a local folder (transformers' AutoModel; never downloads)."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        try:
+            from transformers import AutoModel
+        except ImportError:
+            raise UserError(f"model.pretrained needs transformers: {INSTALL}") from None
+        try:  # a folder from a stranger: its weights load as tensors only, and code it names is never run
+            self.model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot use
+            raise UserError(
+                f"model.pretrained: no usable Hugging Face model in {folder} ({_first_line(error)})"
+            ) from None
+        self.model.train()  # from_pretrained returns it in eval mode, which Lightning keeps: no dropout in training
+        self.dim = self.model.config.hidden_size
+        self.folder = folder
+
+    def own_tokenizer_hashes(self) -> set[str]:
+        """The hashes the data's tokenizer may have to be this model's own: of its folder's tokenizer.json
+        file (data.tokenizer names that file), and of the tokenizer AutoTokenizer makes of the folder."""
+        from project.tasks.text.tokenizer import file_hash
+
+        hashes = set()
+        if (own := Path(self.folder) / "tokenizer.json").is_file():
+            hashes.add(file_hash(own))
+        with contextlib.suppress(UserError):  # weights without a tokenizer: the vocabulary sizes still tell
+            hashes.add(folder_fingerprint(self.folder))
+        return hashes
+
+    def check_tokenizer(self, data_hash: str, data_vocab: int) -> None:
+        """The data must be tokenized with the model's own tokenizer: another one's ids would still fit the
+        embedding table and train, silently, on nonsense."""
+        own = self.own_tokenizer_hashes()
+        hint = "leave data.tokenizer unset to use the model's own" if own else "set data.tokenizer to the model's"
+        if own and data_hash not in own:
+            raise UserError(f"the data is tokenized with another tokenizer than model.pretrained's: {hint}")
+        if data_vocab > self.model.config.vocab_size:
+            raise UserError(
+                f"the data's tokenizer has {data_vocab} tokens, model.pretrained's embeddings "
+                f"{self.model.config.vocab_size}: {hint}"
+            )
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        states = self.model(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
+        return masked_mean(states, mask)
