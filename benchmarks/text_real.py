@@ -2,7 +2,7 @@
 
     python benchmarks/text_corpora.py --out data/corpora            # build the sets first (offline)
     python benchmarks/text_real.py --corpora data/corpora --work data/text-real \
-        [--sets debian-2k,docs-2k] [--variants default,cnn,transformer,bag] [--json results.jsonl]
+        [--sets debian-2k,docs-2k] [--variants default cnn transformer bag] [--json results.jsonl]
 
 For each set: `prepare --text` (70/10/20), `tokenizer`, `baseline`, then one training run per variant, each
 with configs/text/default.yaml and the variant's overrides, as a user would type them. A variant is a name
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "text" / "default.yaml"
 VARIANTS = {
     "default": [],
-    "dropout0.1": ["--data.token_dropout=0.1"],
+    "no-token-dropout": ["--data.token_dropout=0"],
     "cnn": ["--model.encoder=cnn", "--model.dim=128", "--model.lr=0.003"],
     "transformer": ["--model.encoder=transformer", "--model.dim=128", "--model.lr=0.001", "--model.dropout=0.1"],
     "bag": ["--model.encoder=bag"],
@@ -76,7 +76,11 @@ def train(data: Path, logs: Path, name: str, variant: str, overrides: list[str])
     output, seconds = run(*args)
     folder = max((logs / experiment).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
     test = scalars(folder, "test/acc")
-    return {"test_acc": test[-1] if test else float("nan"), "epochs": len(scalars(folder, "val/acc")), "seconds": seconds}
+    return {
+        "test_acc": test[-1] if test else float("nan"),
+        "epochs": len(scalars(folder, "val/acc")),
+        "seconds": seconds,
+    }
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -93,10 +97,10 @@ def main() -> None:
     parser.add_argument("--corpora", type=Path, default=ROOT / "data" / "corpora")
     parser.add_argument("--work", type=Path, default=ROOT / "data" / "text-real")
     parser.add_argument("--sets", default="debian-2k,debian-10k,debian-50k,docs-2k,docs-10k")
-    parser.add_argument("--variants", default="default,cnn,transformer,bag")
+    parser.add_argument("--variants", nargs="+", default=["default", "cnn", "transformer", "bag"])
     parser.add_argument("--json", type=Path, help="append each result as a JSON line")
     args = parser.parse_args()
-    variants = [parse_variant(text) for text in args.variants.split(",")]
+    variants = [parse_variant(text) for text in args.variants]
     logs = args.work / "logs"
     print("| set | texts | model | test acc | ÷ baseline | epochs | wall s |\n|---|---|---|---|---|---|---|")
     for name in args.sets.split(","):

@@ -92,6 +92,25 @@ def test_each_padded_row_has_the_logits_of_its_text_alone(root, encoder, grad):
     assert (unmasked - padded)[shorter].abs().max().item() > 1e-3, "the check is live: padding counts unmasked"
 
 
+def test_the_ngrams_encoder_sees_word_order_within_its_runs_and_a_bag_does_not():
+    """ "not good" and "good not" hold the same tokens: a bag cannot tell them apart, token pairs can; runs that
+    cross into padding are left out, so a text's features do not depend on how far it is padded."""
+    from project.tasks.text.encoders import BagEncoder, NGramEncoder
+
+    torch.manual_seed(0)
+    forward, backward = torch.tensor([[5, 9, 7]]), torch.tensor([[7, 9, 5]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    bag, unigrams = BagEncoder(16, 8, 0), NGramEncoder(16, 8, 1, 64, 0)
+    pairs, triples = NGramEncoder(16, 8, 2, 64, 0), NGramEncoder(16, 8, 3, 64, 0)
+    for encoder in (bag, unigrams):
+        assert torch.allclose(encoder(forward, mask), encoder(backward, mask))
+    for encoder in (pairs, triples):
+        assert not torch.allclose(encoder(forward, mask), encoder(backward, mask))
+        padded = torch.tensor([[5, 9, 7, 0, 0]])
+        assert torch.allclose(encoder(padded, padded != 0), encoder(forward, mask), atol=1e-6)
+    assert triples.embedding.num_embeddings == 16 + 64 and unigrams.embedding.num_embeddings == 16
+
+
 def test_bucketing_pads_less_reads_every_sample_once_and_repeats_its_order(root):
     keys = sorted(split_samples(root, "train"))
     shares = {}
