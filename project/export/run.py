@@ -143,7 +143,12 @@ def copy_tokenizer(cli: ProjectCLI, out: Path) -> dict:
     source = Path(data.tokenizer_path)
     digest = data.tokenizer_hash  # checked against the training index, and by the model against the checkpoint
     target = out / "tokenizer.json"
-    if source.resolve() != target.resolve():
+    if source.is_dir():  # a pretrained model's folder: its tokenizer as AutoTokenizer makes it, in one file
+        from project.tasks.text.pretrained import folder_tokenizer
+
+        made = folder_tokenizer(source).to_str().encode("utf-8")  # what the hash was taken of
+        replace_atomically(target, lambda temporary: temporary.write_bytes(made))
+    elif source.resolve() != target.resolve():
         replace_atomically(target, lambda temporary: shutil.copyfile(source, temporary))
     if file_hash(target) != digest:
         raise UserError(f"{source} changed while it was copied to {target}: run the export again")

@@ -113,7 +113,13 @@ class TextShards(ClassNames, ShardDataModule):
     @property
     def tokenizer(self):  # noqa: ANN201 - tokenizers.Tokenizer
         if self._tokenizer is None:
-            tokenizer = load_tokenizer(self.tokenizer_path)
+            if Path(self.tokenizer_path).is_dir():  # a pretrained model's folder: its AutoTokenizer
+                from project.tasks.text.pretrained import folder_tokenizer
+
+                tokenizer = folder_tokenizer(self.tokenizer_path)
+                tokenizer.encode_special_tokens = True
+            else:
+                tokenizer = load_tokenizer(self.tokenizer_path)
             tokenizer.enable_truncation(self.max_tokens)  # keeps a BERT tokenizer's [CLS] ... [SEP]
             tokenizer.no_padding()  # collate pads, to each batch's longest text
             self._tokenizer = tokenizer

@@ -91,14 +91,7 @@ def file_hash(path: str | Path) -> str:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A tokenizer.json, or a Hugging Face folder's tokenizer (AutoTokenizer), as a `tokenizers.Tokenizer`; a
-    literal "<pad>" in a text is encoded as text, not as 0."""
-    if Path(path).is_dir():
-        from project.tasks.text.pretrained import folder_tokenizer
-
-        tokenizer = folder_tokenizer(path)
-        tokenizer.encode_special_tokens = True
-        return tokenizer
+    """A tokenizer.json, as a `tokenizers.Tokenizer`; a literal "<pad>" in a text is encoded as text, not as 0."""
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except FileNotFoundError:
