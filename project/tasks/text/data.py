@@ -160,15 +160,7 @@ class TextShards(ClassNames, ShardDataModule):
 
     def decode(self, sample: Sample, stage: str) -> TextExample:
         """The sample's label and its token ids, some dropped at random in training (`token_dropout`)."""
-        try:
-            text = self.text_prefix(sample["txt"])
-            label = self.label_of(sample) if stage == "predict" else label_index(self.label_text(sample), self.classes)
-        except KeyError as error:
-            raise DecodeError.of(sample, f"no .{error.args[0]} member") from None
-        except (UnicodeDecodeError, ValueError) as error:
-            raise DecodeError.of(sample, error) from None
-        if not text.strip():
-            raise DecodeError.of(sample, "the text is empty")
+        text, label = self.text_and_label(sample, stage)
         encoding = self.tokenizer.encode(text)
         tokens = encoding.ids
         if stage == "train" and self.token_dropout > 0 and len(tokens) > 1:
@@ -178,6 +170,20 @@ class TextShards(ClassNames, ShardDataModule):
             kept = [token for token, gone, keep in zip(tokens, drop, special, strict=True) if keep or not gone]
             tokens = kept if len(kept) > sum(special) else tokens
         return TextExample(tokens, label)
+
+    def text_and_label(self, sample: Sample, stage: str) -> tuple[str, int]:
+        """The sample's text (its start, `text_prefix`) and class index; a `DecodeError` for one that cannot be
+        used. Training and the linear baseline (tasks/text/linear.py) read samples through it alike."""
+        try:
+            text = self.text_prefix(sample["txt"])
+            label = self.label_of(sample) if stage == "predict" else label_index(self.label_text(sample), self.classes)
+        except KeyError as error:
+            raise DecodeError.of(sample, f"no .{error.args[0]} member") from None
+        except (UnicodeDecodeError, ValueError) as error:
+            raise DecodeError.of(sample, error) from None
+        if not text.strip():
+            raise DecodeError.of(sample, "the text is empty")
+        return text, label
 
     def text_prefix(self, data: bytes) -> str:
         """The start of a text that can hold `max_tokens` tokens (CHARS_PER_TOKEN characters each): a

@@ -18,7 +18,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from project.data.samples import read_samples
 from project.errors import DecodeError, UserError
-from project.tasks.labels import label_index
 from project.tasks.text.data import TextShards
 
 MAX_TEXT_CHARS = 20_000  # characters of a text the baseline reads: a long document's start decides its class
@@ -67,14 +66,11 @@ def read_split(data: TextShards, split: str, limit: int | None = None, quiet: bo
                     if limit is not None and len(read.texts) >= limit:
                         return read
                     try:
-                        text = data.text_prefix(sample["txt"])[:MAX_TEXT_CHARS]
-                        label = label_index(data.label_text(sample), data.classes)
-                        if not text.strip():
-                            raise DecodeError.of(sample, "the text is empty")
-                    except (KeyError, ValueError, UnicodeDecodeError, DecodeError):
+                        text, label = data.text_and_label(sample, split)
+                    except DecodeError:
                         read.skipped += 1
                         continue
-                    read.texts.append(text)
+                    read.texts.append(text[:MAX_TEXT_CHARS])
                     read.labels.append(label)
                     progress.advance(task)
     return read
