@@ -10,6 +10,8 @@ text (a data module with a tokenizer), int64 token ids [N, L] padded at the end 
 id, any N and any L up to data.max_tokens. A text export comes with the tokenizer.json it was trained
 with, copied beside the model file (DIR/tokenizer.json, checked against the checkpoint's tokenizer hash,
 named in report.json): tokenize with it, truncate to max_tokens and pad, then run the model.
+With `data.tokenizer: hashed` there is no file: DIR/features.json names the hashed n-grams' definition
+(project/tasks/text/hashed.py) and its hash.
 
 Variants: fp32 always; `--prune A` adds a copy whose A share of smallest-magnitude convolution and linear
 weights is zeroed (torch.nn.utils.prune, global L1); `--quantize` adds an int8 version of each. Every
@@ -28,6 +30,7 @@ dynamic-int8 quantizes weights and computes activation ranges at run time (no ca
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from dataclasses import asdict
@@ -140,8 +143,20 @@ def model_inputs(cli: ProjectCLI) -> Inputs:
 def copy_tokenizer(cli: ProjectCLI, out: Path) -> dict:
     """The tokenizer the model was trained with, copied to out/tokenizer.json; what report.json says of it."""
     data = cli.datamodule
-    source = Path(data.tokenizer_path)
     digest = data.tokenizer_hash  # checked against the training index, and by the model against the checkpoint
+    if getattr(data, "hashed", False):  # hashed n-grams: no file, the definition (project/tasks/text/hashed.py)
+        spec = {"features": data.tokenizer.spec(data.hash_buckets), "buckets": data.hash_buckets, "sha256": digest}
+        made = json.dumps(spec, indent=2).encode()
+        replace_atomically(out / "features.json", lambda temporary: temporary.write_bytes(made))
+        print(f"wrote the hashed n-gram features' definition to {out / 'features.json'}", file=sys.stderr)
+        return {
+            "file": "features.json",
+            "source": "hashed",
+            "sha256": digest,
+            "pad_id": 0,
+            "max_tokens": data.max_tokens,
+        }
+    source = Path(data.tokenizer_path)
     target = out / "tokenizer.json"
     if source.is_dir():  # a pretrained model's folder: its tokenizer as AutoTokenizer makes it, in one file
         from project.tasks.text.pretrained import folder_tokenizer

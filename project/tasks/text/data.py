@@ -18,6 +18,8 @@ from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
 from project.tasks.labels import MAX_LABEL_BYTES, NO_LABEL, ClassNames, label_index
 from project.tasks.text.batch import TextBatch, TextExample, pad_examples
+from project.tasks.text.hashed import NAME as HASHED
+from project.tasks.text.hashed import HashedNGrams
 from project.tasks.text.tokenizer import (
     COMMAND,
     FILE_NAME,
@@ -42,11 +44,14 @@ class TextShards(ClassNames, ShardDataModule):
     text of each batch (not to max_tokens). Only these two members are read.
 
     Args:
-        tokenizer: the tokenizer.json to encode with, or a Hugging Face folder (its AutoTokenizer); by
-            default a pretrained model's folder (model.pretrained), else the one beside the training split's
-            shard index (`python -m project.tasks.text.tokenizer DATA` writes it there, and records its hash
-            in the index: a run with a tokenizer that differs from the recorded one stops).
-        max_tokens: tokens kept of each text (the first ones).
+        tokenizer: the tokenizer.json to encode with, or a Hugging Face folder (its AutoTokenizer), or
+            `hashed`: each text's word 1-2-grams and character 2-5-grams hashed into `hash_buckets` ids, with
+            no tokenizer to train (project/tasks/text/hashed.py). By default a pretrained model's folder
+            (model.pretrained), else the one beside the training split's shard index (`python -m
+            project.tasks.text.tokenizer DATA` writes it there, and records its hash in the index: a run with
+            a tokenizer that differs from the recorded one stops).
+        max_tokens: tokens kept of each text (the first ones); with `hashed`, the most ids of a text.
+        hash_buckets: the ids hashed n-grams are spread over (`tokenizer: hashed`): the model's vocabulary.
         token_dropout: training augmentation: the share of each text's tokens dropped at random (special
             tokens are kept), seeded per batch, so a resumed run drops the same ones.
         classes: class names, when the shard index does not record them.
@@ -62,17 +67,26 @@ class TextShards(ClassNames, ShardDataModule):
         self,
         tokenizer: str | None = None,
         max_tokens: int = 128,
+        hash_buckets: int = 1 << 18,
         token_dropout: float = 0.0,
         classes: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         check_positive(max_tokens=max_tokens)
+        if hash_buckets < 2:
+            raise UserError(f"data.hash_buckets must be 2 or more, got {hash_buckets}")
         if not 0 <= token_dropout < 1:
             raise UserError(f"data.token_dropout must be in [0, 1), got {token_dropout}")
         super().__init__(**kwargs)
         self.tokenizer_file, self.max_tokens, self.token_dropout = tokenizer, max_tokens, token_dropout
+        self.hash_buckets = hash_buckets
         self._classes = classes
         self._tokenizer = None  # loaded where it is used: once in each DataLoader worker
+
+    @property
+    def hashed(self) -> bool:
+        """Whether texts are encoded as hashed n-grams (`tokenizer: hashed`), not by a tokenizer file."""
+        return self.tokenizer_file == HASHED
 
     @cached_property
     def tokenizer_path(self) -> str:
@@ -99,6 +113,8 @@ class TextShards(ClassNames, ShardDataModule):
     @cached_property
     def tokenizer_hash(self) -> str:
         """The tokenizer file's sha256, checked against the one the training index records."""
+        if self.hashed:  # the features' definition stands for the file
+            return HashedNGrams.fingerprint(self.hash_buckets)
         path = self.tokenizer_path
         if Path(path).is_dir():
             from project.tasks.text.pretrained import folder_fingerprint
@@ -113,7 +129,9 @@ class TextShards(ClassNames, ShardDataModule):
     @property
     def tokenizer(self):  # noqa: ANN201 - tokenizers.Tokenizer
         if self._tokenizer is None:
-            if Path(self.tokenizer_path).is_dir():  # a pretrained model's folder: its AutoTokenizer
+            if self.hashed:
+                tokenizer = HashedNGrams(self.hash_buckets, self.max_tokens)
+            elif Path(self.tokenizer_path).is_dir():  # a pretrained model's folder: its AutoTokenizer
                 from project.tasks.text.pretrained import folder_tokenizer
 
                 tokenizer = folder_tokenizer(self.tokenizer_path)

@@ -10,22 +10,30 @@ from torch import nn
 from project.errors import UserError
 
 
-def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The mean of `states` [B, L, D] over the positions where `mask` [B, L] is true."""
+def masked_mean(states: torch.Tensor, mask: torch.Tensor, root: bool = False) -> torch.Tensor:
+    """The mean of `states` [B, L, D] over the positions where `mask` [B, L] is true; with `root`, their sum
+    divided by the square root of their count (a bag of distinct features scaled to unit L2 norm, as TF-IDF is)."""
     weights = mask.unsqueeze(-1).to(states.dtype)
-    return (states * weights).sum(1) / weights.sum(1).clamp(min=1)
+    count = weights.sum(1).clamp(min=1)
+    return (states * weights).sum(1) / (count.sqrt() if root else count)
 
 
 class BagEncoder(nn.Module):
-    """The mean of the token embeddings (padding left out): fast, and blind to word order."""
+    """The pooled token embeddings (padding left out): fast, and blind to word order. With `root` pooling and
+    `data.tokenizer: hashed` it is fastText on word and character n-grams: a low-rank linear model of the
+    features the linear baseline reads, so it starts near zero as a linear model does."""
 
-    def __init__(self, vocab_size: int, dim: int, pad_id: int) -> None:
+    def __init__(self, vocab_size: int, dim: int, pad_id: int, root: bool = False) -> None:
         super().__init__()
-        self.dim = dim
+        self.dim, self.root = dim, root
         self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        if root:
+            nn.init.normal_(self.embedding.weight, 0, 0.01)
+            with torch.no_grad():
+                self.embedding.weight[pad_id].zero_()
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return masked_mean(self.embedding(tokens), mask)
+        return masked_mean(self.embedding(tokens), mask, self.root)
 
 
 class NGramEncoder(nn.Module):

@@ -41,6 +41,8 @@ class TextClassifier(Classifier):
         layers: convolution or transformer layers.
         heads: attention heads of each transformer layer.
         kernel: tokens each convolution spans (cnn).
+        pooling: how bag pools its embeddings: mean, or root (their sum over the square root of their
+            count: the scale of a TF-IDF vector; with data.tokenizer hashed, the strongest on real texts).
         ngrams: the longest run of tokens embedded as one (ngrams; 1 is a bag of tokens).
         buckets: rows the token runs are hashed into (ngrams): more means fewer runs share a row.
         dropout: dropout in the encoder and before the head.
@@ -70,6 +72,7 @@ class TextClassifier(Classifier):
         layers: int = 2,
         heads: int = 4,
         kernel: int = 3,
+        pooling: Literal["mean", "root"] = "mean",
         ngrams: int = 2,
         buckets: int = 1 << 17,
         dropout: float = 0.1,
@@ -91,7 +94,7 @@ class TextClassifier(Classifier):
         elif encoder == "ngrams":
             self.encoder = NGramEncoder(vocab_size, dim, ngrams, buckets, pad_id)
         elif encoder == "bag":
-            self.encoder = BagEncoder(vocab_size, dim, pad_id)
+            self.encoder = BagEncoder(vocab_size, dim, pad_id, root=pooling == "root")
         elif encoder == "cnn":
             self.encoder = ConvEncoder(vocab_size, dim, layers, kernel, dropout, pad_id)
         else:

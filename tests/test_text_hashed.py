@@ -1,0 +1,136 @@
+"""Hashed n-gram features (`data.tokenizer: hashed`): the same ids for a text in every process, n-grams within
+words, a bound on ids per text, and a data module and model that train on them with no tokenizer file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.errors import UserError
+from project.shards.prepare import prepare
+from project.tasks.text import TextClassifier, TextShards
+from project.tasks.text.hashed import HashedNGrams
+
+TEXT = "The quick brown fox jumps over the lazy dog; the dog sleeps."
+
+
+def test_ids_are_distinct_sorted_in_range_and_never_padding():
+    ids = HashedNGrams(buckets=64, max_ids=10_000).ids(TEXT * 3)
+    assert ids.dtype.kind == "i" and len(ids) > 20
+    assert ids.min() >= 1 and ids.max() < 64
+    assert (ids[1:] > ids[:-1]).all()  # sorted, each once: a text's set of features
+
+
+def test_every_process_gives_a_text_the_same_ids():
+    """Python's own str hash differs per process; the features must not."""
+    code = "import json,sys; from project.tasks.text.hashed import HashedNGrams; " + (
+        f"print(json.dumps(HashedNGrams(1 << 20, 4096).ids({TEXT!r}).tolist()))"
+    )
+    seen = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        seen.add(tuple(json.loads(out)))
+    assert seen == {tuple(HashedNGrams(1 << 20, 4096).ids(TEXT).tolist())}
+
+
+def test_features_ignore_case_and_spacing_but_see_spelling_and_word_pairs():
+    features = HashedNGrams(buckets=1 << 30, max_ids=10_000)
+    same = features.ids("Hello   World\n")
+    assert same.tolist() == features.ids("hello world").tolist()
+    assert set(features.ids("helo world").tolist()) != set(same.tolist())  # a misspelling shares most ids
+    assert len(set(features.ids("helo world").tolist()) & set(same.tolist())) > len(same) // 2
+    # a word pair is a feature of its own: the same words in another order differ
+    assert set(features.ids("dog bites man").tolist()) != set(features.ids("man bites dog").tolist())
+    # character n-grams stay within words: "ab cd" has no "b c" trigram, so it differs from "abcd"
+    assert set(features.ids("ab cd").tolist()) != set(features.ids("abcd").tolist())
+
+
+def test_a_long_text_gives_at_most_max_ids():
+    long = " ".join(f"word{i}" for i in range(10_000))
+    few, more = (len(HashedNGrams(buckets=1 << 30, max_ids=limit).ids(long)) for limit in (300, 3000))
+    assert 50 < few <= 300 < more <= 3000
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="buckets"):
+        HashedNGrams(buckets=1, max_ids=10)
+    with pytest.raises(UserError, match="hash_buckets"):
+        TextShards(root="x", tokenizer="hashed", hash_buckets=1)
+
+
+STEMS = [["photo", "graph"], ["electr", "volt"], ["botan", "flor"], ["astro", "stell"]]  # four classes
+
+
+def write_words_csv(path: Path, samples: int, seed: int) -> None:
+    """Texts whose class shows in the spelling of its words, never twice the same word: a stem of the class
+    with a random ending, among random words. Whole words tell nothing; character n-grams tell the class."""
+    rng = random.Random(seed)
+
+    def noise() -> str:
+        return "".join(rng.choice("bdfgkmnprstvz") + rng.choice("aeiou") for _ in range(3))
+
+    with open(path, "w", newline="", encoding="utf-8") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(["id", "text", "label"])
+        for number in range(samples):
+            label = rng.randrange(len(STEMS))
+            words = [rng.choice(STEMS[label]) + noise()[:4] for _ in range(3)] + [noise() for _ in range(9)]
+            rng.shuffle(words)
+            writer.writerow([f"text{number:05d}", " ".join(words), f"class{label}"])
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory) -> Path:
+    """600 texts as text shards, and no tokenizer file at all."""
+    root = tmp_path_factory.mktemp("hashed")
+    write_words_csv(root / "texts.csv", samples=600, seed=0)
+    prepare(str(root / "texts.csv"), root, samples_per_shard=100, workers=1, quiet=True, text=True)
+    return root
+
+
+def test_the_data_module_encodes_hashed_ngrams_without_a_tokenizer_file(texts):
+    assert not list(texts.rglob("tokenizer.json"))
+    data = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, max_tokens=512, num_workers=0)
+    assert data.vocab_size == 4096 and data.pad_id == 0
+    assert data.tokenizer_hash == HashedNGrams.fingerprint(4096) != HashedNGrams.fingerprint(8192)
+    batch = next(iter(data.loader("train")))
+    real = batch.tokens[batch.tokens != 0]
+    assert real.min() >= 1 and real.max() < 4096 and batch.lengths.max() <= 512
+
+
+def test_a_bag_of_hashed_ngrams_learns_classes_that_show_only_in_spelling(texts):
+    """No word of the val split is in the training split: character n-grams carry the class."""
+    torch.manual_seed(0)
+    data = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, batch_size=32, num_workers=0)
+    model = TextClassifier(
+        num_classes=len(data.classes),
+        vocab_size=data.vocab_size,
+        pad_id=0,
+        encoder="bag",
+        pooling="root",
+        dim=32,
+        dropout=0.0,
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.03)
+    for _ in range(8):
+        for batch in data.loader("train"):
+            loss = torch.nn.functional.cross_entropy(model(batch.tokens), batch.label)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    right = total = 0
+    with torch.no_grad():
+        for batch in data.loader("val"):
+            right += int((model(batch.tokens).argmax(1) == batch.label).sum())
+            total += len(batch.label)
+    assert total > 40 and right / total > 0.7, (right, total)  # chance: 0.25
