@@ -23,6 +23,7 @@ from project.data.samples import REFUSED, read_samples
 from project.data.shard_index import Shard, ShardIndex, read_index, write_index
 from project.data.specs import SHARD_SUFFIXES, resolve_shards
 from project.errors import ShardError, UserError, run_main
+from project.shards.mixing import sorted_warning
 from project.shards.records import labels_to_classes
 from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, label_text, open_image
 from project.tasks.labels import index_classes
@@ -83,8 +84,11 @@ def text_sample_problems(sample: dict, labels: Counter) -> list[str]:
     return problems
 
 
-def build_index(inputs: list[str], out: str | Path, verify_images: bool = True) -> tuple[ShardIndex, list[str]]:
-    """Merge part indexes and scan shards into one index at `out`; returns it and the problems found."""
+def build_index(
+    inputs: list[str], out: str | Path, verify_images: bool = True, shard_labels: list[Counter] | None = None
+) -> tuple[ShardIndex, list[str]]:
+    """Merge part indexes and scan shards into one index at `out`; returns it and the problems found. The labels
+    counted in each scanned shard are appended to `shard_labels` when it is given."""
     shards: list[Shard] = []
     classes: list[str] | None = None
     labels: Counter = Counter()
@@ -106,6 +110,8 @@ def build_index(inputs: list[str], out: str | Path, verify_images: bool = True) 
             report = scan_shard(path, verify_images)
             shards.append(report.shard)
             labels.update(report.labels)
+            if shard_labels is not None:
+                shard_labels.append(report.labels)
             problems += [f"{path}: {problem}" for problem in report.problems]
     if not shards:
         raise UserError("no shards to index")
@@ -123,9 +129,12 @@ def command(inputs: list[str], *, out: str, verify_images: bool = True) -> None:
         out: the shard index to write (usually DIR/shardindex.json).
         verify_images: check that every image decodes (false: faster).
     """
-    index, problems = build_index(inputs, out, verify_images)
+    shard_labels: list[Counter] = []
+    index, problems = build_index(inputs, out, verify_images, shard_labels)
     classes = f"{len(index_classes(index))} classes" if index_classes(index) else "no labels found"
     print(f"wrote {out}: {len(index.shards)} shards, {index.nsamples} samples, {classes}")
+    if warning := sorted_warning(shard_labels):
+        print(warning)
     if problems:
         print(f"{len(problems)} problem(s) found; training skips these samples and counts them:")
         for problem in problems:

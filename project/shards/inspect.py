@@ -38,6 +38,7 @@ from project.errors import run_main
 from project.redact import redact
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
+from project.shards.mixing import sorted_warning
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, open_image
 from project.tasks.labels import index_classes
 
@@ -59,7 +60,9 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
     classes = index_classes(index)
     counts, sizes, modes, tiles, lengths, texts = Counter(), Counter(), Counter(), [], [], []
     unreadable: list[str] = []
+    shard_labels: list[Counter] = []
     for shard in index.shards:
+        shard_labels.append(Counter())
         for sample in read_samples(shard.url):
             if REFUSED in sample:  # a member over data.max_member_bytes, left unread
                 unreadable.append(f"{sample['__key__']}: {sample[REFUSED]}")
@@ -70,6 +73,8 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
             except ValueError:
                 name = "(no label)"
             counts[name] += 1
+            if name != "(no label)":
+                shard_labels[-1][name] += 1
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if extension is None and "txt" in sample and "cls" in sample:  # a text sample
                 text = sample["txt"].decode("utf-8", errors="replace")
@@ -101,6 +106,7 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
         "lengths": lengths,
         "texts": texts,
         "unreadable": unreadable,
+        "sorted": sorted_warning(shard_labels),
     }
     return summary, tiles
 
@@ -185,6 +191,8 @@ def print_summary(console: Console, split: str, summary: dict) -> None:
         )
         for text, name in summary["texts"]:
             console.print(f"  [{name}] {text[:80]!r}", markup=False, highlight=False, soft_wrap=True)
+    if summary["sorted"]:
+        console.print(f"{split}: {summary['sorted']}", markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:
