@@ -316,3 +316,23 @@ def test_active_learning_runs_on_text_shards_with_the_pool_s_tokenizer(text_data
     assert sum(shard["nsamples"] for shard in index["shardlist"]) == 32
     state = json.loads((tmp_path / "run" / "margin" / "seed_0" / "state.json").read_text())
     assert [r["labeled"] for r in state["rounds"]] == [16, 32] and state["status"] == "done"
+
+
+@pytest.mark.slow
+def test_a_model_on_hashed_ngrams_exports_with_the_features_definition(text_data, tmp_path):
+    from project.tasks.text.hashed import HashedNGrams
+
+    hashed = ["--data.tokenizer=hashed", "--data.hash_buckets=4096", "--model.encoder=bag", "--model.pooling=root"]
+    args = ["--config", str(TEXT_CONFIG), f"--data.root={text_data}", *hashed, "--model.dim=16", *TINY_RUN]
+    assert (result := run_here("project.train", *args, cwd=tmp_path)).returncode == 0, result.stderr[-3000:]
+    report = export(tmp_path / "logs" / "text-demo" / "version_0", tmp_path / "out", "--format=onnx")
+    assert report["variants"][0]["top1_agreement"] == 1.0
+    features = json.loads((tmp_path / "out" / "features.json").read_text())
+    assert features["sha256"] == report["tokenizer"]["sha256"] == HashedNGrams.fingerprint(4096)
+    assert features["buckets"] == 4096 and not (tmp_path / "out" / "tokenizer.json").exists()
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = HashedNGrams(4096, report["tokenizer"]["max_tokens"]).ids("the pasta was not great")
+    (logits,) = session.run(None, {"tokens": ids[None]})
+    assert logits.shape == (1, 8) and np.isfinite(logits).all()

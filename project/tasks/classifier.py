@@ -133,7 +133,7 @@ class Classifier(L.LightningModule):
         if self.hparams.optimizer == "sgd":
             optimizer = torch.optim.SGD(groups, lr=self.hparams.lr, momentum=self.hparams.momentum, nesterov=True)
         else:
-            optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
+            optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, fused=fused_adam(groups, self._trainer))
         if self.hparams.schedule == "constant" and self.hparams.warmup_fraction == 0:
             return optimizer
         # the total is this run's, read when the optimizer is (re)built: a resumed run that is longer, or
@@ -181,3 +181,14 @@ def lr_factor(step: int, total: int, warmup: float, shape: str = "cosine") -> fl
     progress = min(1.0, (step - warmup_steps) / max(1, total - warmup_steps))
     end = 1e-4 if shape == "onecycle" else 0.0
     return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def fused_adam(groups: list[dict], trainer: Any) -> bool | None:
+    """Whether AdamW can take its fused step: one kernel over all parameters, about 10x faster on a CPU for a
+    large embedding table (benchmarks/README.md). Not under fp16's gradient scaler, which then could not unscale
+    before clipping; not for parameters on another kind of device."""
+    if trainer is not None and str(trainer.precision).startswith("16"):
+        return None
+    devices = {p.device.type for group in groups for p in group["params"]}
+    floating = all(p.is_floating_point() for group in groups for p in group["params"])
+    return True if floating and devices <= {"cpu", "cuda"} else None
