@@ -23,12 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "text" / "default.yaml"
-VARIANTS = {
+BPE = ["--data.tokenizer=null", "--data.max_tokens=256", "--data.bucket_by_size=true", "--model.pooling=mean"]
+VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE tokens
     "default": [],
-    "no-token-dropout": ["--data.token_dropout=0"],
-    "cnn": ["--model.encoder=cnn", "--model.dim=128", "--model.lr=0.003"],
-    "transformer": ["--model.encoder=transformer", "--model.dim=128", "--model.lr=0.001", "--model.dropout=0.1"],
-    "bag": ["--model.encoder=bag"],
+    "ngrams": [*BPE, "--model.encoder=ngrams", "--model.buckets=32768", "--model.dropout=0.5", "--model.lr=0.01"],
+    "cnn": [*BPE, "--model.encoder=cnn", "--model.dim=128", "--model.lr=0.003", "--model.dropout=0.5"],
+    "transformer": [*BPE, "--model.encoder=transformer", "--model.dim=128", "--model.lr=0.001", "--model.dropout=0.1"],
+    "bag": [*BPE, "--model.encoder=bag", "--model.dropout=0.5", "--model.lr=0.01"],
 }
 
 

@@ -16,7 +16,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from project.errors import UserError
 from project.tasks.text import TextClassifier, TextShards
-from project.tasks.text.encoders import NGramEncoder
+from project.tasks.text.encoders import BagEncoder
+from project.tasks.text.hashed import HashedNGrams
 from project.tasks.text.tokenizer import file_hash, train_tokenizer
 
 from .conftest import REPO, run_here, run_module
@@ -246,7 +247,8 @@ def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, m
 
 
 def test_the_config_for_own_texts_stops_when_val_accuracy_stops_rising_and_tests_the_best(root, tmp_path):
-    """configs/text/default.yaml: the ngrams encoder, a length set by early stopping, the best checkpoint tested."""
+    """configs/text/default.yaml: hashed n-grams in a root-pooled bag, a length set by early stopping, the best
+    checkpoint tested."""
     args = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.max_epochs=40"]
     result = run_here("project.train", *args, *quiet, "--data.batch_size=16", cwd=tmp_path)
@@ -257,5 +259,6 @@ def test_the_config_for_own_texts_stops_when_val_accuracy_stops_rising_and_tests
     assert patience < len(accuracy) < 40, accuracy  # stopped by early stopping, not by the ceiling
     assert max(accuracy[-patience:]) <= max(accuracy[:-patience]), accuracy
     best = TextClassifier.load_from_checkpoint(run / "checkpoints" / "best.ckpt")
-    assert best.hparams.encoder == "ngrams" and isinstance(best.encoder, NGramEncoder)
+    assert best.hparams.encoder == "bag" and isinstance(best.encoder, BagEncoder) and best.encoder.root
+    assert best.hparams.tokenizer_hash == HashedNGrams.fingerprint(best.hparams.vocab_size)
     assert events(run).Scalars("test/acc")[-1].value >= 0.25  # 8 classes: chance is 0.125
