@@ -59,3 +59,16 @@ def test_each_batch_of_a_step_draws_its_own_randomness_and_the_same_batch_draws_
     assert not torch.equal(first, second)
     assert torch.equal(draw(1), first)
     assert torch.equal(torch.get_rng_state(), outside)  # the global generator is left as it was
+
+
+def test_adamw_is_fused_on_a_cpu_and_not_under_fp16_s_gradient_scaler():
+    from types import SimpleNamespace
+
+    from project.tasks.classifier import fused_adam
+
+    groups = [{"params": list(ImageClassifier(num_classes=3, width=4).parameters())}]
+    assert fused_adam(groups, None) is True and fused_adam(groups, SimpleNamespace(precision="bf16-mixed")) is True
+    assert fused_adam(groups, SimpleNamespace(precision="16-mixed")) is None  # it could not unscale before clipping
+    assert fused_adam([{"params": [torch.zeros(2, device="meta", requires_grad=True)]}], None) is None
+    optimizer = ImageClassifier(num_classes=3, width=4, schedule="constant", warmup_fraction=0).configure_optimizers()
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.param_groups[0]["fused"] is True
