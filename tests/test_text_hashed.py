@@ -16,8 +16,7 @@ import torch
 
 from project.errors import UserError
 from project.shards.prepare import prepare
-from project.tasks.text import TextClassifier, TextShards
-from project.tasks.text import hashed
+from project.tasks.text import TextClassifier, TextShards, hashed
 from project.tasks.text.hashed import HashedNGrams
 
 TEXT = "The quick brown fox jumps over the lazy dog; the dog sleeps."
