@@ -39,8 +39,9 @@ class BagEncoder(nn.Module):
 class NGramEncoder(nn.Module):
     """fastText's text classifier (Joulin et al., "Bag of Tricks for Efficient Text Classification", 2016):
     the mean of the embeddings of a text's tokens and of its runs of 2 to `ngrams` tokens, each run hashed
-    into one of `buckets` shared rows. It sees word order only within a run, and learns from a few thousand
-    texts what a linear model on TF-IDF n-grams learns, at the speed of a bag of words."""
+    into one of `buckets` shared rows. It sees word order only within a run, at the speed of a bag of words. On
+    real texts a bag of hashed word and character n-grams (data.tokenizer hashed) does as well or better
+    (benchmarks/README.md, "Text on real data")."""
 
     PRIME = 1_000_003  # the rolling hash's multiplier: runs that differ in any token land apart
 

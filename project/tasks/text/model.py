@@ -29,11 +29,12 @@ class TextClassifier(Classifier):
         max_tokens: the longest input (linked from the data): the positional table's length.
         tokenizer_hash: the sha256 of the tokenizer the model is trained with (linked from the data); a
             checkpoint loaded with data tokenized otherwise is refused.
-        encoder: ngrams (fastText: the mean of token and hashed token n-gram embeddings: the strongest
-            on a few thousand to tens of thousands of texts, and the fastest), cnn (convolutions over
-            neighbouring tokens and a max over positions: sees local word order such as negation),
+        encoder: bag (the pooled token embeddings: with data.tokenizer hashed and pooling root, fastText on
+            word and character n-grams, the strongest on a few thousand to tens of thousands of real texts),
+            ngrams (the mean of BPE token and hashed token n-gram embeddings), cnn (convolutions over
+            neighbouring tokens and a max over positions: sees local word order such as negation), or
             transformer (a small pre-norm encoder with mean pooling: sees the whole text's order, slow to
-            train from scratch), or bag (the mean of token embeddings: blind to word order).
+            train from scratch).
         pretrained: a local folder holding a Hugging Face encoder (config.json and weights, e.g. a
             DistilBERT saved with save_pretrained) to fine-tune instead; the data is tokenized with the
             folder's own tokenizer unless data.tokenizer names another. Nothing is downloaded.
