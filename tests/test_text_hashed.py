@@ -27,6 +27,9 @@ def test_ids_are_distinct_sorted_in_range_and_never_padding():
     assert ids.dtype.kind == "i" and len(ids) > 20
     assert ids.min() >= 1 and ids.max() < 64
     assert (ids[1:] > ids[:-1]).all()  # sorted, each once: a text's set of features
+    for odd in ("", " ", "a", "lone \ud800 surrogate", "\x00" * 10, "ß" * 5000, "\u202e\n\t"):  # a stranger's text
+        found = HashedNGrams(buckets=64, max_ids=100).ids(odd)
+        assert len(found) <= 100 and (len(found) == 0 or (found.min() >= 1 and found.max() < 64))
 
 
 def test_every_process_gives_a_text_the_same_ids():
