@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -34,10 +34,10 @@ class Encoding:
     """What `HashedNGrams.encode` returns: the ids, as a `tokenizers.Encoding` names them."""
 
     ids: list[int]
-    special_tokens_mask: list[int] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.special_tokens_mask = [0] * len(self.ids)
+    @property
+    def special_tokens_mask(self) -> list[int]:
+        return [0] * len(self.ids)  # no special tokens: token dropout may drop any id
 
 
 class HashedNGrams:
@@ -66,8 +66,11 @@ class HashedNGrams:
 
     def ids(self, text: str) -> np.ndarray:
         """The sorted distinct feature ids of the start of `text`: at most `max_ids` of them."""
-        spaced = " " + " ".join(text.lower().split()[: self.max_ids]) + " "
-        spaced = spaced[: max(8, self.max_ids // IDS_PER_CHARACTER)]
+        budget = max(8, self.max_ids // IDS_PER_CHARACTER)  # characters of the text, spaces collapsed
+        spaced = self.spaced(text[: 2 * budget])  # the start only: a member's text may be 100x longer
+        if len(spaced) <= budget and len(text) > 2 * budget:  # runs of spaces: the start fell short
+            spaced = self.spaced(text)
+        spaced = spaced[:budget]
         data = np.frombuffer(spaced.encode("utf-8", "replace"), np.uint8).astype(np.uint64)
         hashes = [self.word_hashes(WORD.findall(spaced))]
         for n in range(CHARS[0], min(CHARS[1], len(data)) + 1):
@@ -79,6 +82,10 @@ class HashedNGrams:
         mixed = np.unique(np.concatenate(hashes)) * MIX
         ids = (mixed >> np.uint64(32)) % np.uint64(self.buckets - 1) + np.uint64(1)
         return np.unique(ids.astype(np.int64))[: self.max_ids]
+
+    def spaced(self, text: str) -> str:
+        """The text lower-cased, its words joined by single spaces, with a space at each end (word boundaries)."""
+        return " " + " ".join(text.lower().split()[: self.max_ids]) + " "
 
     @staticmethod
     def word_hashes(words: list[str]) -> np.ndarray:
