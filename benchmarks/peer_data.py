@@ -3,6 +3,7 @@ them, written once and kept under data/peers/ (git-ignored).
 
 - demo32: the demo's 20,000 training images (32 px), in 20 class-mixed shards (data/demo, built if missing);
 - photo256: 4,096 demo images drawn at 256 px (JPEG q90, the demo's generator, seed 0), 16 shards;
+- photos: real photographs, 500 x 375, written by benchmarks/photos.py to a folder of its own (`photos_in`);
 - sorted32: demo32's samples sorted by label (then by stored position), 20 shards: the hard case for a
   shuffle buffer, since each shard then holds one class.
 
@@ -58,6 +59,13 @@ def photo_set(root: Path = PEERS_ROOT, samples: int = 4096, size: int = 256, per
         print(f"writing {samples} images of {size} px to {folder} (once)", flush=True)
         make_demo(folder, train=samples, val=1, test=1, image_size=size, samples_per_shard=per_shard, quiet=True)
     return ImageSet(f"photo{size}", folder / "train", folder)
+
+
+def photos_in(folder: Path) -> ImageSet:
+    """The photographs benchmarks/photos.py wrote to `folder` (its train/ shards), the peers' formats beside."""
+    if not (folder / "train" / INDEX_NAME).is_file():
+        raise SystemExit(f"{folder} holds no photographs: write them with python benchmarks/photos.py --out {folder}")
+    return ImageSet("photos", folder / "train", folder)
 
 
 def sorted_set(source: ImageSet, root: Path = PEERS_ROOT, per_shard: int = 1000) -> ImageSet:

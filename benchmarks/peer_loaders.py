@@ -26,12 +26,17 @@ from project.bench.images import NaiveSample, webdataset_pipeline
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 
-LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder")
-PEER_PACKAGES = {"webdataset": "webdataset", "litdata": "litdata", "mosaic": "streaming"}  # loader: module
+LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder", "spdl")
+PEER_PACKAGES = {"webdataset": "webdataset", "litdata": "litdata", "mosaic": "streaming", "spdl": "spdl"}
+SHARD_READERS = ("project", "webdataset", "spdl")  # read the tar shards themselves; the others, their own format
 
 
 class PeerMissing(RuntimeError):
-    """A peer library that is not installed: its row says "not installed"."""
+    """A peer library that is not installed: its row says `note` ("not installed" unless told more)."""
+
+    def __init__(self, message: str, note: str = "not installed") -> None:
+        super().__init__(message)
+        self.note = note
 
 
 def peer_module(loader: str) -> object:
@@ -155,12 +160,25 @@ def imagefolder_loader(cache: Path, size: int, workers: int, batch_size: int, **
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers), lambda batch: batch[2]
 
 
+def spdl_loader(shards: Path, size: int, workers: int, batch_size: int, shuffle_buffer: int, seed: int):
+    """SPDL's pipeline of `workers` threads in this process (benchmarks/peer_spdl.py), on the tar shards."""
+    peer_module("spdl")
+    import peer_spdl  # only in the spdl row's process: the other rows' memory stays free of it
+
+    try:
+        batches = peer_spdl.spdl_batches(shards, size, workers, batch_size, shuffle_buffer, seed)
+    except peer_spdl.SpdlMissing as missing:
+        raise PeerMissing(f"spdl: {missing}", note=str(missing)) from None
+    return batches, lambda batch: batch[2]
+
+
 BUILDERS: dict[str, Callable] = {
     "project": project_loader,
     "webdataset": webdataset_loader,
     "litdata": litdata_loader,
     "mosaic": mosaic_loader,
     "imagefolder": imagefolder_loader,
+    "spdl": spdl_loader,
 }
 
 
@@ -216,7 +234,7 @@ def run_epoch(
 ) -> dict:
     """One full shuffled epoch of `loader`: samples/s from iter() to the last batch, CPU microseconds per
     sample of all its processes, their peak summed RSS in MB, and the keys in the order they came."""
-    where = shards if loader in ("project", "webdataset") else cache
+    where = shards if loader in SHARD_READERS else cache
     batches, keys_of = BUILDERS[loader](
         where, size=size, workers=workers, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed
     )

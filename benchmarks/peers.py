@@ -1,15 +1,18 @@
 """This project's train loader against its peers, side by side, on the same images and augmentation.
 
     python benchmarks/peers.py [--workers 2] [--batch-size 128] [--repeats 3] [--sizes 32:32,256:224]
-                               [--loaders project,webdataset,litdata,mosaic,imagefolder] [--json PATH]
+                               [--loaders project,webdataset,litdata,mosaic,imagefolder,spdl] [--json PATH]
+    python benchmarks/peers.py --photos DIR [...]   # the real photographs benchmarks/photos.py wrote to DIR
 
 For each size (stored px : trained px) it runs one full shuffled epoch of each loader, each in a fresh
 process, with N workers and batch B: the project's (ImageShards, data.augment=light), webdataset's
 WebDataset + WebLoader, litdata's StreamingDataset + StreamingDataLoader, mosaicml-streaming's
-StreamingDataset, and torchvision's ImageFolder. The peers decode with torchvision's decode_jpeg and apply
-the `light` preset per sample; the project runs its own path to the same crop and flip (see
+StreamingDataset, torchvision's ImageFolder, and SPDL's pipeline of N threads (benchmarks/peer_spdl.py). The
+peers decode with torchvision's decode_jpeg and apply the `light` preset per sample (SPDL: FFmpeg, the
+same crop and flip rule as filters); the project runs its own path to the same crop and flip (see
 benchmarks/peer_loaders.py). 32:32 reads the demo's 20,000 training images; 256:224 a set of 4,096 demo
-images drawn at 256 px. Each peer's format is written once under data/peers/.
+images drawn at 256 px; --photos DIR, instead of those, the photographs of DIR (500 x 375) trained at 224.
+Each peer's format is written once under data/peers/ (under DIR for --photos).
 
 Per loader: samples/s (iter() to the last batch), CPU microseconds per sample (the main process and its
 workers, from /proc), peak RSS (their sum, sampled at each batch) and the ratio to the project. The naive
@@ -33,11 +36,12 @@ import time
 from pathlib import Path
 
 import torch
-from peer_data import ImageSet, demo_set, ensure_format, photo_set
+from peer_data import ImageSet, demo_set, ensure_format, photo_set, photos_in
 from peer_loaders import LOADERS, Augment, PeerMissing, run_epoch, stored_samples
 
 COLUMNS = ("loader", "samples/s", "CPU µs/sample", "peak RSS MB", "ratio to project", "÷ naive limit")
 NAIVE = "naive work limit"
+PHOTOS_TRAINED = 224  # px, what --photos trains at
 
 
 def naive_limit(data: ImageSet, size: int, processes: int, samples: int = 2000) -> dict:
@@ -88,7 +92,7 @@ def epoch_of(spec: dict) -> dict:
     try:
         return run_epoch(**spec)
     except PeerMissing as missing:
-        return {"loader": spec["loader"], "missing": str(missing)}
+        return {"loader": spec["loader"], "missing": str(missing), "note": missing.note}
 
 
 def measure(data: ImageSet, size: int, args: argparse.Namespace, isolated: bool = True) -> dict:
@@ -107,7 +111,9 @@ def measure(data: ImageSet, size: int, args: argparse.Namespace, isolated: bool 
                 continue
             result = run_one(loader, data, size, args, isolated=isolated)
             if "missing" in result or "error" in result:
-                notes[loader] = "not installed" if "missing" in result else f"failed: {result['error']}"
+                notes[loader] = (
+                    result.get("note", "not installed") if "missing" in result else f"failed: {result['error']}"
+                )
                 continue
             order = result.pop("keys")
             orders.setdefault(loader, order)
@@ -191,6 +197,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="epochs per loader (medians)")
     parser.add_argument("--sizes", default="32:32,256:224", help="stored:trained px pairs; 32 is the demo")
     parser.add_argument("--photo-samples", type=int, default=4096, help="images of the 256 px set")
+    parser.add_argument(
+        "--photos", type=Path, metavar="DIR", help="real photographs (benchmarks/photos.py), not --sizes"
+    )
     parser.add_argument("--loaders", default=",".join(LOADERS), help="a comma-separated subset of " + ",".join(LOADERS))
     parser.add_argument("--json", metavar="PATH", help="write every run, median and ratio to PATH")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a single epoch, in a fresh process (run_one)
@@ -214,8 +223,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         Path(args.out).write_text(json.dumps(result))
         return [result]
     before, results = machine(), []
-    for stored, trained in args.sizes:
-        result = measure(image_set(stored, args), trained, args)
+    sets = (
+        [(photos_in(args.photos), PHOTOS_TRAINED)]
+        if args.photos
+        else [(image_set(stored, args), trained) for stored, trained in args.sizes]
+    )
+    for data, trained in sets:
+        result = measure(data, trained, args)
         result.pop("orders")
         results.append(result)
         print(table(result) + "\n", flush=True)

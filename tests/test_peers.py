@@ -1,5 +1,6 @@
 """The peers benchmark (benchmarks/peers.py): every loader yields every sample exactly once per epoch, the
-table has its columns, a peer that is not installed is a row, not a crash; and the shuffle measures of
+table has its columns, a peer that is not installed is a row, not a crash; SPDL's batches (benchmarks/
+peer_spdl.py); the photographs of benchmarks/photos.py; and the shuffle measures of
 benchmarks/shuffle_quality.py on orders whose answer is known."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import sys
 
 import numpy as np
 import pytest
+import torch
+from PIL import Image
 
 from project.bench.shuffle import entropy_ratio
 from project.tasks.image.demo import make_demo
@@ -22,9 +25,10 @@ peers = importlib.import_module("peers")
 peer_data = importlib.import_module("peer_data")
 peer_loaders = importlib.import_module("peer_loaders")
 shuffle_quality = importlib.import_module("shuffle_quality")
+photos = importlib.import_module("photos")
 
-LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder")
-MODULES = {"litdata": "litdata", "mosaic": "streaming"}
+LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder", "spdl")
+MODULES = {"litdata": "litdata", "mosaic": "streaming", "spdl": "spdl"}
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +46,8 @@ def test_every_loader_yields_every_sample_exactly_once(tiny, loader):
     if loader in MODULES:
         pytest.importorskip(MODULES[loader])
     data, _, result = tiny
+    if "note" in result["loaders"][loader]:  # spdl without FFmpeg's libraries
+        pytest.skip(result["loaders"][loader]["note"])
     stored = [sample["__key__"] for sample in peer_loaders.stored_samples(data.shards)]
     order = result["orders"][loader]
     assert sorted(order) == sorted(stored) and len(set(order)) == 256
@@ -69,6 +75,64 @@ def test_a_peer_that_is_not_installed_is_a_row_not_a_crash(tiny, monkeypatch):
     result = peers.measure(data, 32, args, isolated=False)
     assert result["loaders"]["mosaic"] == {"note": "not installed"}
     assert "| mosaic | not installed |" in peers.table(result)
+
+
+def test_spdl_batches_are_uint8_images_with_their_labels_and_cover_every_sample_once(tiny):
+    pytest.importorskip("spdl")
+    peer_spdl = importlib.import_module("peer_spdl")
+    try:
+        peer_spdl.require_ffmpeg()
+    except peer_spdl.SpdlMissing as missing:
+        pytest.skip(str(missing))
+    data, _, _ = tiny
+    keys, labels = data.labels()
+    seen = []
+    for images, batch_labels, batch_keys in peer_spdl.spdl_batches(data.shards, 24, 2, 32, shuffle_buffer=100, seed=1):
+        assert images.dtype == torch.uint8 and images.shape == (len(batch_keys), 3, 24, 24)
+        assert batch_labels.dtype == torch.int64 and batch_labels.tolist() == [labels[key] for key in batch_keys]
+        assert len(batch_keys) == 32  # 256 samples: eight full batches
+        seen.extend(batch_keys)
+    assert sorted(seen) == sorted(keys) and len(set(seen)) == 256
+    assert seen != keys  # shuffled
+
+
+def test_spdl_without_ffmpegs_libraries_is_one_line_in_its_row(tiny, monkeypatch):
+    pytest.importorskip("spdl")
+    import spdl.io
+
+    def missing(*_, **__):
+        raise RuntimeError(
+            'Failed to import libspdl. "_spdl_ffmpeg5: libavutil.so.57: cannot open shared object"\nmore'
+        )
+
+    monkeypatch.setattr(spdl.io, "demux_image", missing)
+    data, args, _ = tiny
+    args = argparse.Namespace(**{**vars(args), "loaders": ["spdl"]})
+    result = peers.measure(data, 32, args, isolated=False)
+    note = result["loaders"]["spdl"]["note"]
+    assert note.startswith("not installed: FFmpeg's libraries are missing (apt-get install libavutil57")
+    assert "\n" not in note and f"| spdl | {note} |" in peers.table(result)
+
+
+def test_photographs_are_cut_into_seeded_500_by_375_jpegs_that_prepare_shards(tmp_path):
+    rng = np.random.default_rng(0)
+    sources = {}
+    for name, size in (("pkg--wide", (1600, 900)), ("pkg--tall", (1300, 1700))):
+        sources[name] = tmp_path / f"{name}.jpg"
+        Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(sources[name])
+    assert photos.write_pictures(sources, tmp_path / "a" / "pictures", 7, seed=3) == 7
+    assert photos.write_pictures(sources, tmp_path / "b" / "pictures", 7, seed=3) == 7
+    written = sorted((tmp_path / "a" / "pictures").rglob("*.jpg"))
+    assert [path.parent.name for path in written].count("pkg--tall") == 4  # 7 shared: 4 and 3, in name order
+    for path in written:
+        with Image.open(path) as image:
+            assert image.size == (500, 375) and image.format == "JPEG"
+        assert path.read_bytes() == (tmp_path / "b" / path.relative_to(tmp_path / "a")).read_bytes()
+    from project.shards.prepare import prepare
+
+    prepare(str(tmp_path / "a" / "pictures"), tmp_path / "a", val_fraction=0, test_fraction=0, dedup="off", quiet=True)
+    keys, labels = peer_data.photos_in(tmp_path / "a").labels()
+    assert len(keys) == 7 and sorted(labels.values()) == [0, 0, 0, 0, 1, 1, 1]
 
 
 def test_shuffle_measures_on_known_orders():
