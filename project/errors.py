@@ -44,6 +44,13 @@ def check_positive(**values: float) -> None:
             raise UserError(f"data.{name} must be positive, got {value}")
 
 
+def check_not_negative(**values: float) -> None:
+    """A `UserError` naming the first data setting that is negative."""
+    for name, value in values.items():
+        if value < 0:
+            raise UserError(f"data.{name} must be 0 or more, got {value}")
+
+
 def one_line(error: BaseException) -> str:
     """The user-facing line of an error, also when a DataLoader worker re-raised it.
 

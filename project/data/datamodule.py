@@ -26,7 +26,7 @@ from project.data.shard_index import Shard, ShardIndex
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, start_forkserver
-from project.errors import UserError, check_positive
+from project.errors import UserError, check_not_negative, check_positive
 from project.redact import redact_hparams, redact_value
 
 DataSpec = str | list[str]
@@ -63,6 +63,8 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
             skipped, counted and logged as <stage>/skipped; past this share of an epoch the run stops.
         cache_dir: keep local copies of remote (http, s3, ...) shards in this folder; None streams them.
         cache_gb: the most the cache folder may hold, in GB; the least recently used copies go first.
+        read_ahead_mb: MB of remote shards each worker fetches ahead of its reading, in its plan's order, the
+            next shard requested while one is read: hides a store's latency (memory: at most twice this); 0: none.
         worker_start: how DataLoader workers start: forkserver (a fork of a clean helper process: safe
             beside the trainer's threads), spawn (a fresh interpreter each: slow), or fork (of the trainer:
             can deadlock, see project/data/workers.py). Datasets must pickle for the first two.
@@ -97,6 +99,7 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
         max_skipped_fraction: float = 0.01,
         cache_dir: str | None = None,
         cache_gb: float = 50.0,
+        read_ahead_mb: float = 32.0,
         worker_start: StartMethod = "forkserver",
         bucket_by_size: bool = False,
         max_member_bytes: int = MAX_MEMBER_BYTES,
@@ -106,8 +109,7 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
         redact_hparams(self)  # URLs' secrets stay out of hparams.yaml, TensorBoard and checkpoints
         check_positive(batch_size=batch_size, shuffle_buffer=shuffle_buffer, prefetch_factor=prefetch_factor)
         check_positive(cache_gb=cache_gb, max_member_bytes=max_member_bytes)
-        if num_workers < 0:
-            raise UserError(f"data.num_workers must be 0 or more, got {num_workers}")
+        check_not_negative(num_workers=num_workers, read_ahead_mb=read_ahead_mb)
         if not 0 < fraction <= 1:
             raise UserError(f"data.fraction must be in (0, 1], got {fraction}")
         if not 0 <= max_skipped_fraction <= 1:
@@ -123,6 +125,7 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
         self.fraction, self.prefetch_factor, self.max_skipped_fraction = fraction, prefetch_factor, max_skipped_fraction
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
+        self.read_ahead_bytes = int(read_ahead_mb * 1e6)
         self.worker_start, self.bucket_by_size, self.max_member_bytes = worker_start, bucket_by_size, max_member_bytes
         if num_workers > 0 and worker_start == "forkserver":
             # it imports the stream and this task while the trainer sets up; the first workers need it
@@ -207,6 +210,7 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
             skip_corrupt=True,
             cache_dir=self.cache_dir,
             cache_bytes=self.cache_bytes,
+            read_ahead_bytes=self.read_ahead_bytes,
             bucket_by_size=self.bucket_by_size and split == "train",
             max_member_bytes=self.max_member_bytes,
         )

@@ -22,6 +22,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from project.data.batch import Batch, Skipped
 from project.data.plan import Segment, WorkerPlan, eval_plan, resume_point, skip_samples, total_batches, train_plan
+from project.data.prefetch import READ_AHEAD_BYTES, ShardOpener
 from project.data.remote import open_url
 from project.data.samples import MAX_MEMBER_BYTES, REFUSED, Sample, read_samples
 from project.data.shard_index import Shard
@@ -104,6 +105,8 @@ class ShardStream(IterableDataset):
         bucket_by_size: training batches of samples of similar encoded size, from within the shuffle
             buffer (see `shuffled`): less padding for texts of varied lengths.
         max_member_bytes: a sample with a member that declares more bytes is skipped, that member unread.
+        read_ahead_bytes: bytes of remote shards fetched ahead of the reader in the plan's order, the next
+            shard requested while one is read (see prefetch.py); 0: each opened when it is read.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class ShardStream(IterableDataset):
         cache_bytes: int | None = None,
         bucket_by_size: bool = False,
         max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        read_ahead_bytes: int = READ_AHEAD_BYTES,
     ) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
@@ -133,7 +137,7 @@ class ShardStream(IterableDataset):
         self.num_workers = max(1, num_workers)
         self.skip_corrupt = skip_corrupt
         self.bucket_by_size = bucket_by_size
-        self.max_member_bytes = max_member_bytes
+        self.max_member_bytes, self.read_ahead_bytes = max_member_bytes, read_ahead_bytes
         self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self.epoch = 0
         self.world_size, self.rank = 1, 0
@@ -231,24 +235,32 @@ class ShardStream(IterableDataset):
         return batch
 
     def _encoded(self, segments: Sequence[Segment]) -> Iterator[Sample | Missing]:
-        """Each segment's samples in order: exactly len(segment) items, `Missing` for unreadable ones."""
+        """Each segment's samples in order, the next remote shard fetched while one is read."""
         extensions = self.task.extensions
-        for segment in segments:
-            shard = self.shards[segment.shard]
-            seen, reason = 0, ""
-            try:
-                for sample in read_samples(
-                    shard.url, segment.start, segment.stop, extensions, self.open_stream, self.max_member_bytes
-                ):
-                    seen += 1
-                    yield sample
-            except ShardError as error:
-                if not self.skip_corrupt:
-                    raise
-                reason = str(error)
-            if seen != len(segment) and not reason:
-                reason = f"holds {segment.start + seen} samples, but its shard index says {shard.nsamples}"
-                if not self.skip_corrupt:
-                    raise ShardError(f"shard {shard.url} {reason}: the index is stale, rebuild it")
-            for position in range(segment.start + seen, segment.stop):
-                yield Missing(shard.url, position, reason)
+        opener = ShardOpener([self.shards[s.shard].url for s in segments], self.open_stream, self.read_ahead_bytes)
+        try:
+            for segment in segments:
+                yield from self._segment(segment, extensions, opener)
+        finally:
+            opener.close()
+
+    def _segment(self, segment: Segment, extensions: frozenset[str], opener: ShardOpener) -> Iterator[Sample | Missing]:
+        """One segment's samples: exactly len(segment) items, `Missing` for unreadable ones."""
+        shard = self.shards[segment.shard]
+        seen, reason = 0, ""
+        try:
+            for sample in read_samples(
+                shard.url, segment.start, segment.stop, extensions, opener, self.max_member_bytes
+            ):
+                seen += 1
+                yield sample
+        except ShardError as error:
+            if not self.skip_corrupt:
+                raise
+            reason = str(error)
+        if seen != len(segment) and not reason:
+            reason = f"holds {segment.start + seen} samples, but its shard index says {shard.nsamples}"
+            if not self.skip_corrupt:
+                raise ShardError(f"shard {shard.url} {reason}: the index is stale, rebuild it")
+        for position in range(segment.start + seen, segment.stop):
+            yield Missing(shard.url, position, reason)
