@@ -22,14 +22,25 @@ from project.tasks.text.hashed import HashedNGrams
 TEXT = "The quick brown fox jumps over the lazy dog; the dog sleeps."
 
 
-def test_ids_are_distinct_sorted_in_range_and_never_padding():
+def test_ids_are_sorted_in_range_and_never_padding():
     ids = HashedNGrams(buckets=64, max_ids=10_000).ids(TEXT * 3)
     assert ids.dtype.kind == "i" and len(ids) > 20
     assert ids.min() >= 1 and ids.max() < 64
-    assert (ids[1:] > ids[:-1]).all()  # sorted, each once: a text's set of features
+    assert (ids[1:] >= ids[:-1]).all()
     for odd in ("", " ", "a", "lone \ud800 surrogate", "\x00" * 10, "ß" * 5000, "\u202e\n\t"):  # a stranger's text
         found = HashedNGrams(buckets=64, max_ids=100).ids(odd)
         assert len(found) <= 100 and (len(found) == 0 or (found.min() >= 1 and found.max() < 64))
+
+
+def test_a_feature_is_repeated_by_its_sublinear_count():
+    """n occurrences give round(1 + ln n) copies: TF-IDF's sublinear term frequency, as a bag of ids."""
+    features = HashedNGrams(buckets=1 << 30, max_ids=10_000)
+    once = features.ids("cat")
+    assert len(set(once.tolist())) == len(once)  # each feature of one word once: c, ca, at, cat, ...
+    five = features.ids("cat " * 5).tolist()  # each of those 5 times: 3 copies (1 + ln 5 = 2.6)
+    assert all(five.count(i) == 3 for i in once.tolist())
+    assert len(five) == 3 * len(once) + 2  # and the pair "cat cat" 4 times: 2 copies (1 + ln 4 = 2.4)
+    assert len(features.ids("cat " * 100)) == 6 * len(once) + 6  # 1 + ln 100 = 5.6: far fewer than 100
 
 
 def test_every_process_gives_a_text_the_same_ids():

@@ -12,7 +12,7 @@ from project.errors import UserError
 
 def masked_mean(states: torch.Tensor, mask: torch.Tensor, root: bool = False) -> torch.Tensor:
     """The mean of `states` [B, L, D] over the positions where `mask` [B, L] is true; with `root`, their sum
-    divided by the square root of their count (a bag of distinct features scaled to unit L2 norm, as TF-IDF is)."""
+    divided by the square root of their count (a bag of features scaled to about unit L2 norm, as TF-IDF is)."""
     weights = mask.unsqueeze(-1).to(states.dtype)
     count = weights.sum(1).clamp(min=1)
     return (states * weights).sum(1) / (count.sqrt() if root else count)

@@ -1,8 +1,10 @@
 """Hashed word and character n-grams: a text's features as ids, with no tokenizer to train.
 
-`data.tokenizer: hashed` encodes each text as the set of its word 1- and 2-grams and its character 2- to 5-grams
-within words (what the linear baseline's TF-IDF reads), each hashed into one of `buckets` ids (the hashing trick
-of Vowpal Wabbit and fastText). On a few thousand texts these features carry what BPE tokens lose: spelling,
+`data.tokenizer: hashed` encodes each text as its word 1- and 2-grams and its character 2- to 5-grams within words
+(what the linear baseline's TF-IDF reads), each hashed into one of `buckets` ids (the hashing trick of Vowpal Wabbit
+and fastText). A feature that occurs `n` times is repeated round(1 + ln n) times: TF-IDF's sublinear term
+frequency, which a bag with root pooling then weighs as TF-IDF does (3 points over distinct features on the tuning
+set, benchmarks/README.md). On a few thousand texts these features carry what BPE tokens lose: spelling,
 morphology and the words the tokenizer split (benchmarks/README.md, "Text on real data").
 
 The hash is fixed (CRC-32 for words, a polynomial of the UTF-8 bytes for characters, then a multiplicative mix),
@@ -41,7 +43,8 @@ class Encoding:
 
 
 class HashedNGrams:
-    """A text's distinct word 1-2-grams and character 2-5-grams, as ids in 1 .. buckets-1 (0 is padding).
+    """A text's word 1-2-grams and character 2-5-grams, as ids in 1 .. buckets-1 (0 is padding), each repeated
+    round(1 + ln n) times for its n occurrences.
 
     It answers the calls the data module makes of a `tokenizers.Tokenizer`, so the rest of the pipeline (dynamic
     padding, bucketing by length, token dropout, resume) is the same for both.
@@ -55,7 +58,10 @@ class HashedNGrams:
     @staticmethod
     def spec(buckets: int) -> str:
         """What the ids mean, as one line: its sha256 stands for a tokenizer file's in checkpoints and indexes."""
-        return f"hashed n-grams v1: words 1-2 (crc32), chars {CHARS[0]}-{CHARS[1]} within words, buckets {buckets}"
+        return (
+            f"hashed n-grams v2: words 1-2 (crc32), chars {CHARS[0]}-{CHARS[1]} within words, "
+            f"each round(1 + ln count) times, buckets {buckets}"
+        )
 
     @classmethod
     def fingerprint(cls, buckets: int) -> str:
@@ -65,7 +71,7 @@ class HashedNGrams:
         return Encoding(self.ids(text).tolist())
 
     def ids(self, text: str) -> np.ndarray:
-        """The sorted distinct feature ids of the start of `text`: at most `max_ids` of them."""
+        """The sorted feature ids of the start of `text`, each repeated by its sublinear count: at most `max_ids`."""
         budget = max(8, self.max_ids // IDS_PER_CHARACTER)  # characters of the text, spaces collapsed
         spaced = self.spaced(text[: 2 * budget])  # the start only: a member's text may be 100x longer
         if len(spaced) <= budget and len(text) > 2 * budget:  # runs of spaces: the start fell short
@@ -79,9 +85,12 @@ class HashedNGrams:
             for column in range(n):
                 hashed = hashed * MULTIPLIER + windows[:, column]
             hashes.append(hashed[(windows[:, 1:-1] != SPACE).all(1)])  # no space inside: within one word
-        mixed = np.unique(np.concatenate(hashes)) * MIX
-        ids = (mixed >> np.uint64(32)) % np.uint64(self.buckets - 1) + np.uint64(1)
-        return np.unique(ids.astype(np.int64))[: self.max_ids]
+        mixed = np.concatenate(hashes) * MIX
+        ids, counts = np.unique(
+            ((mixed >> np.uint64(32)) % np.uint64(self.buckets - 1) + 1).astype(np.int64), return_counts=True
+        )
+        # round(1 + ln n) <= n: the repeats never outnumber the occurrences, so the character budget still holds
+        return np.repeat(ids, np.rint(1 + np.log(counts)).astype(np.int64))[: self.max_ids]
 
     def spaced(self, text: str) -> str:
         """The text lower-cased, its words joined by single spaces, with a space at each end (word boundaries)."""
