@@ -75,6 +75,14 @@ def test_a_long_text_gives_at_most_max_ids():
     assert 50 < few <= 300 < more <= 3000
 
 
+def test_a_pretrained_encoder_is_refused_with_hashed_features_before_its_folder_is_read(tmp_path):
+    """The own-texts config sets hashed n-grams; a pretrained encoder would read those ids as its tokens."""
+    with pytest.raises(UserError, match="not hashed n-grams: add --data.tokenizer=null"):
+        TextClassifier(
+            pretrained=str(tmp_path / "never-read"), tokenizer_hash=HashedNGrams.fingerprint(4096), vocab_size=4096
+        )
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="buckets"):
         HashedNGrams(buckets=1, max_ids=10)

@@ -13,6 +13,7 @@ from project.errors import UserError
 from project.tasks.classifier import Classifier, decay_groups
 from project.tasks.text.batch import TextBatch
 from project.tasks.text.encoders import BagEncoder, ConvEncoder, NGramEncoder, TransformerEncoder
+from project.tasks.text.hashed import HashedNGrams
 from project.tasks.text.pretrained import PretrainedEncoder
 
 TABLE_ROWS = 16  # texts of the first training batch shown in TensorBoard
@@ -89,6 +90,11 @@ class TextClassifier(Classifier):
         super().__init__()
         self.save_hyperparameters()
         if pretrained is not None:
+            if tokenizer_hash is not None and tokenizer_hash == HashedNGrams.fingerprint(vocab_size):
+                raise UserError(
+                    "model.pretrained reads its own tokenizer's ids, not hashed n-grams: add --data.tokenizer=null "
+                    "(configs/text/default.yaml sets data.tokenizer: hashed)"
+                )
             self.encoder = PretrainedEncoder(pretrained)
             if tokenizer_hash is not None:  # linked from the data (not a model built on its own)
                 self.encoder.check_tokenizer(tokenizer_hash, vocab_size)
