@@ -25,7 +25,6 @@ libavformat59 libavfilter8 libswscale6 libavdevice59) `SpdlMissing` says so in o
 from __future__ import annotations
 
 import random
-import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,13 +34,13 @@ import spdl.io
 import torch
 from spdl.pipeline import Pipeline, PipelineBuilder
 from spdl.pipeline.defs import Aggregator
+from webdataset.tariterators import base_plus_ext
 
 from project.data.specs import resolve_shards
 from project.tasks.image.crops import CropFlip
 from project.tasks.image.transforms import build_transform
 
 FFMPEG_PACKAGES = "libavutil57 libavcodec59 libavformat59 libavfilter8 libswscale6 libavdevice59"
-MEMBER = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset's split of a member name: key, extension
 
 
 class SpdlMissing(RuntimeError):
@@ -67,8 +66,9 @@ def read_shard(path: str) -> list[tuple[str, bytes, int]]:
         data = stream.read()
     members: dict[str, dict[str, memoryview]] = {}
     for name, contents in spdl.io.iter_tarfile(data):
-        if found := MEMBER.match(name):
-            members.setdefault(found[1], {})[found[2]] = contents
+        key, extension = base_plus_ext(name)  # webdataset's key rule, as the project's reader groups members
+        if key is not None:
+            members.setdefault(key, {})[extension] = contents
     return [(key, bytes(parts["jpg"]), int(bytes(parts["cls"]))) for key, parts in members.items()]
 
 
