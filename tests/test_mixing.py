@@ -54,7 +54,7 @@ def test_index_and_inspect_warn_about_sorted_shards(tmp_path, capsys):
     class_ordered_shards(shards)
     index_tool.main([str(shards), "--out", str(shards / "shardindex.json")])
     said = capsys.readouterr().out
-    assert "look sorted by label (their labels are 0% as mixed" in said and "shuffle_buffer" in said
+    assert "look sorted by label (their labels are 0% as mixed" in said and "data.mix_shards (32)" in said
     inspect_tool.main([str(shards / "shardindex.json"), "--sheet", str(tmp_path / "sheet.png")])
     said = capsys.readouterr().out
     assert said.count("look sorted by label") == 1

@@ -40,9 +40,9 @@ def all_ranks(planner, world_size, **kwargs):
     return [planner(world_size=world_size, rank=rank, **kwargs) for rank in range(world_size)]
 
 
-@given(topologies, st.integers(0, 5), st.integers(0, 2**31))
+@given(topologies, st.integers(0, 5), st.integers(0, 2**31), st.sampled_from([1, 2, 3, 32]))
 @settings(max_examples=300, deadline=None)
-def test_train_epoch_is_equal_per_rank_and_never_repeats(topology, epoch, seed):
+def test_train_epoch_is_equal_per_rank_and_never_repeats(topology, epoch, seed, mix_shards):
     counts, world_size, batch_size = topology["counts"], topology["world_size"], topology["batch_size"]
     total = sum(counts)
     if total < world_size * batch_size:
@@ -65,6 +65,7 @@ def test_train_epoch_is_equal_per_rank_and_never_repeats(topology, epoch, seed):
         seed=seed,
         num_workers=topology["num_workers"],
         batch_size=batch_size,
+        mix_shards=mix_shards,
     )
     batches = {total_batches(plans) for plans in ranks}
     assert len(batches) == 1, f"ranks disagree on the number of batches: {batches}"

@@ -87,8 +87,8 @@ def test_the_next_shards_request_goes_out_before_the_current_shard_is_read(serve
     assert results[READ_AHEAD_BYTES][0] == results[0][0]  # the same samples, bytes and order
 
 
-@pytest.mark.parametrize("stage", ["train", "val"])
-def test_batches_and_resumed_batches_are_the_same_with_and_without_read_ahead(server, shard_folder, stage):
+@pytest.mark.parametrize(("stage", "mix_shards"), [("train", 1), ("train", 4), ("val", 1)])
+def test_batches_and_resumed_batches_are_the_same_with_and_without_read_ahead(server, shard_folder, stage, mix_shards):
     base, handler = server
     handler.delay = 0.01
     shard_folder([13, 6, 9, 11], name="split")
@@ -98,7 +98,14 @@ def test_batches_and_resumed_batches_are_the_same_with_and_without_read_ahead(se
     for rank in (0, 1):
         for budget in (READ_AHEAD_BYTES, 3 * 4096, 0):  # 3 * 4096: less than a shard, a fetch holds a chunk
             stream = ShardStream(
-                shards, image_task(), stage=stage, batch_size=4, shuffle_buffer=10, seed=3, read_ahead_bytes=budget
+                shards,
+                image_task(),
+                stage=stage,
+                batch_size=4,
+                shuffle_buffer=10,
+                seed=3,
+                read_ahead_bytes=budget,
+                mix_shards=mix_shards,  # 4: the four shards read side by side, a lane (and an opener) each
             )
             stream.set_topology(world_size=2, rank=rank)
             epochs[rank, budget] = epoch_batches(stream, num_workers=0, epoch=1)
@@ -275,3 +282,38 @@ def test_the_data_module_hands_its_setting_to_its_streams_and_refuses_a_negative
     assert image_task(val=str(folder), read_ahead_mb=0).stream("val").read_ahead_bytes == 0
     with pytest.raises(UserError, match=r"^data.read_ahead_mb must be 0 or more, got -1$"):
         image_task(read_ahead_mb=-1)
+
+
+def test_a_mixed_group_reads_its_remote_shards_side_by_side_within_the_read_ahead_budget(
+    server, shard_folder, monkeypatch
+):
+    base, _ = server
+    shard_folder([3, 3, 3, 3], name="split", extra_members={"bin": bytes(1 << 20)})  # about 3 MB a shard
+    shards = resolve_shards(f"{base}/split/shardindex.json").shards
+    budget = 2 << 20
+    openers: list[ShardOpener] = []
+
+    class Recorded(ShardOpener):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            openers.append(self)
+
+    def held() -> int:
+        return sum(ahead.buffered for opener in openers for ahead in list(opener.live))
+
+    monkeypatch.setattr("project.data.reading.ShardOpener", Recorded)
+    task = image_task()
+    task.extensions = frozenset({"jpg", "cls", "bin"})  # the big members are read: the bytes held are real
+    stream = ShardStream(
+        shards, task, stage="train", batch_size=2, shuffle_buffer=4, read_ahead_bytes=budget, mix_shards=4
+    )
+    peaks, keys = [], []
+    for batch in stream:
+        time.sleep(0.1)  # a worker decoding: the fetches run ahead meanwhile
+        peaks.append(held())
+        keys += batch.keys
+    assert len(openers) == 4  # a lane per shard of the group, each with its share of the budget
+    assert max(peaks) <= 2.5 * budget
+    assert max(peaks) > 0  # it did read ahead
+    plain = ShardStream(shards, task, stage="train", batch_size=2, shuffle_buffer=4, read_ahead_bytes=0, mix_shards=4)
+    assert keys == [key for batch in plain for key in batch.keys]

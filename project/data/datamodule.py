@@ -21,6 +21,7 @@ from project.data.files import is_plain_folder, pack_folder
 from project.data.health import SkipAccounting, SkipLedger
 from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
+from project.data.position import ResumePosition
 from project.data.samples import MAX_MEMBER_BYTES, Sample
 from project.data.shard_index import Shard, ShardIndex
 from project.data.specs import resolve_shards
@@ -33,7 +34,7 @@ DataSpec = str | list[str]
 SPLITS = ("train", "val", "test")  # the splits of `root`; `predict` is only ever given explicitly
 
 
-class ShardDataModule(SkipAccounting, L.LightningDataModule):
+class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
     """Streams samples from WebDataset tar shards; a task's subclass decodes and collates them.
 
     Each split is read through a shard index, so every epoch is planned exactly: training batches are
@@ -52,6 +53,9 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
         batch_size: samples per batch on each device (the global batch is this × devices × nodes).
         num_workers: DataLoader worker processes per device that read, decode and augment.
         shuffle_buffer: encoded training samples held in the shuffle buffer.
+        mix_shards: training reads shards in groups of up to this many, interleaved sample by sample, each
+            worker a slice of every shard of a group: batches mix up to this many shards, even shards of one
+            class each. Local shards cost a file each; remote ones a connection each. 1: one after another.
         seed: seed of the shard order, the shuffle buffer and the augmentation.
         fraction: share of the training split to train on, in (0, 1]: exactly round(fraction × samples),
             the same ones for any seed, and nested (the 0.1 subset lies inside the 0.25 one). It is a
@@ -92,6 +96,7 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
         batch_size: int = 128,
         num_workers: int = 2,
         shuffle_buffer: int = 1000,
+        mix_shards: int = 32,
         seed: int = 0,
         fraction: float = 1.0,
         pin_memory: bool | None = None,
@@ -108,7 +113,7 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
         self.save_hyperparameters()
         redact_hparams(self)  # URLs' secrets stay out of hparams.yaml, TensorBoard and checkpoints
         check_positive(batch_size=batch_size, shuffle_buffer=shuffle_buffer, prefetch_factor=prefetch_factor)
-        check_positive(cache_gb=cache_gb, max_member_bytes=max_member_bytes)
+        check_positive(cache_gb=cache_gb, max_member_bytes=max_member_bytes, mix_shards=mix_shards)
         check_not_negative(num_workers=num_workers, read_ahead_mb=read_ahead_mb)
         if not 0 < fraction <= 1:
             raise UserError(f"data.fraction must be in (0, 1], got {fraction}")
@@ -121,7 +126,7 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
             for split, spec in given.items()
         } | {"predict": predict}
         self.batch_size, self.num_workers = batch_size, num_workers
-        self.shuffle_buffer, self.seed = shuffle_buffer, seed
+        self.shuffle_buffer, self.seed, self.mix_shards = shuffle_buffer, seed, mix_shards
         self.fraction, self.prefetch_factor, self.max_skipped_fraction = fraction, prefetch_factor, max_skipped_fraction
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
@@ -213,6 +218,7 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
             read_ahead_bytes=self.read_ahead_bytes,
             bucket_by_size=self.bucket_by_size and split == "train",
             max_member_bytes=self.max_member_bytes,
+            mix_shards=self.mix_shards,
         )
         if self.trainer is not None:
             stream.set_topology(self.trainer.world_size, self.trainer.global_rank)
@@ -243,45 +249,6 @@ class ShardDataModule(SkipAccounting, L.LightningDataModule):
 
     def predict_dataloader(self) -> EpochLoader:
         return self.loader("predict")
-
-    def start_split_at(self, split: str, batches: int) -> None:
-        """Start the next pass over an evaluation split at its batch `batches` (a resumed predict)."""
-        self._split_starts[split] = batches
-
-    def take_split_start(self, split: str) -> int:
-        """The batch where this pass over `split` starts, once (0 unless `start_split_at` set one)."""
-        return self._split_starts.pop(split, 0)
-
-    # -- exact resume ---------------------------------------------------------------------------------
-
-    def train_position(self) -> dict[str, int]:
-        """Where training stands: epoch, batches done in it, and the topology that planned it."""
-        trainer, loader = self.trainer, self._loaders.get("train")
-        if trainer is None or loader is None:
-            return {}
-        # batches whose training step ran; Lightning's fetcher has already pulled one more (prefetch),
-        # so what the loader yielded would overcount by one
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        stream = loader.dataset
-        return {
-            "epoch": trainer.current_epoch,
-            "batches": done,
-            "epoch_batches": len(stream),
-            "world_size": stream.world_size,
-            "num_workers": stream.num_workers,
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        position = self.train_position()
-        return {"train_position": position} if position else {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume_position = state.get("train_position")
-
-    def take_resume_position(self) -> dict | None:
-        """The restored training position, once: only the first pass after a restore resumes."""
-        position, self._resume_position = self._resume_position, None
-        return position
 
     def __repr__(self) -> str:
         """Its class and splits (redacted), and nothing more: Lightning's `__str__` builds every dataloader,

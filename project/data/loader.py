@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from project.data.position import resumed_start
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, WorkerInit, as_is, worker_context
 
@@ -57,16 +57,7 @@ class EpochLoader(DataLoader):
         epoch, done = (trainer.current_epoch if trainer is not None else stream.epoch), 0
         position = self.datamodule.take_resume_position() if self.datamodule and stream.train else None
         if position is not None:
-            epoch, done = position["epoch"], position["batches"]
-            if done >= position["epoch_batches"]:  # saved at the end of its epoch: start the next one
-                epoch, done = epoch + 1, 0
-            elif (position["world_size"], position["num_workers"]) != (stream.world_size, stream.num_workers):
-                now = f"{stream.world_size} rank(s) x {stream.num_workers} worker(s)"
-                saved = f"{position['world_size']} x {position['num_workers']}"
-                rank_zero_warn(
-                    f"resuming mid-epoch with {now} instead of {saved}: this epoch continues on the new "
-                    "split and may repeat or miss samples; later epochs are exact"
-                )
+            epoch, done = resumed_start(position, stream)
         elif self.datamodule is not None and not stream.train:
             done = self.datamodule.take_split_start(stream.stage)
         stream.set_epoch(epoch)

@@ -3,10 +3,12 @@
 A pure function of (shard sizes, epoch, seed, world size, rank, workers, batch size): no torch, no I/O.
 Every guarantee of the data path is decided here, so each is testable without processes:
 
-- training: the shard order is shuffled anew each epoch (from seed and epoch) and laid end to end as one
-  stream of samples; each rank takes an equal, contiguous run of whole batches from it, and each worker
-  an equal (±1 batch) run of the rank's. Ranks and workers may start and stop mid-shard. Fewer than
-  world_size × batch_size samples are dropped, and no sample is read twice.
+- training: the shard order is shuffled anew each epoch (from seed and epoch) and cut into groups of up to
+  `mix_shards` shards; a group's samples are interleaved (see `Mix`), and the groups laid end to end make
+  one stream of samples. Each rank takes an equal, contiguous run of whole batches from it, and each worker
+  an equal (±1 batch) run of the rank's: a run of a group reads a slice of each of its shards, so every
+  worker's batches mix the group's shards even when each shard holds one class. Ranks and workers may start
+  and stop mid-shard. Fewer than world_size × batch_size samples are dropped, and no sample is read twice.
 - evaluation: the shards in index order, split so that every sample is read exactly once in total and
   every rank runs the same number of batches (of up to batch_size samples). Equal counts matter: under
   DDP, each validation forward during fit broadcasts module buffers, so a rank with one batch more
@@ -26,19 +28,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from project.data.parts import Mix, Part, Segment
 from project.errors import UserError
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Samples [start, stop) of shard number `shard` (its position in the shard list)."""
-
-    shard: int
-    start: int
-    stop: int
-
-    def __len__(self) -> int:
-        return self.stop - self.start
 
 
 @dataclass(frozen=True)
@@ -78,13 +69,19 @@ class BatchSizes(Sequence):
 class WorkerPlan:
     """What one DataLoader worker of one rank reads this epoch, in order, and how it batches it."""
 
-    segments: tuple[Segment, ...]
+    parts: tuple[Part, ...]
     batch_sizes: BatchSizes  # the worker's batches, in order; they add up to its samples
     shuffle_seed: int | None  # None: keep the stored order (evaluation)
 
     @property
+    def segments(self) -> tuple[Segment, ...]:
+        """Every shard slice the plan reads (a mixed group's as one per shard), without empty ones."""
+        segments = (s for part in self.parts for s in (part.segments() if isinstance(part, Mix) else (part,)))
+        return tuple(segment for segment in segments if len(segment))
+
+    @property
     def nsamples(self) -> int:
-        return sum(len(segment) for segment in self.segments)
+        return sum(len(part) for part in self.parts)
 
     @property
     def nbatches(self) -> int:
@@ -122,6 +119,27 @@ def slice_stream(counts: Sequence[int], order: Sequence[int], begin: int, end: i
     return tuple(segments)
 
 
+def slice_groups(
+    counts: Sequence[int], groups: Sequence[Sequence[int]], seeds: Sequence[int], begin: int, end: int
+) -> tuple[Part, ...]:
+    """The parts covering positions [begin, end) of the stream made by the groups' merged orders end to end
+    (a group of one shard is a plain `Segment`)."""
+    parts, position = [], 0
+    for group, seed in zip(groups, seeds, strict=True):
+        size = sum(counts[shard] for shard in group)
+        low, high = max(begin, position), min(end, position + size)
+        if low < high:
+            if len(group) == 1:
+                parts.append(Segment(group[0], low - position, high - position))
+            else:
+                group_counts = tuple(counts[shard] for shard in group)
+                parts.append(Mix(tuple(group), group_counts, seed, low - position, high - position))
+        position += size
+        if position >= end:
+            break
+    return tuple(parts)
+
+
 def _check(counts: Sequence[int], world_size: int, rank: int, num_workers: int, batch_size: int) -> int:
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -141,9 +159,13 @@ def train_plan(
     rank: int,
     num_workers: int,
     batch_size: int,
+    mix_shards: int = 1,
 ) -> list[WorkerPlan]:
-    """One plan per worker of `rank` for a training epoch; every rank gets the same number of batches."""
+    """One plan per worker of `rank` for a training epoch; every rank gets the same number of batches.
+    `mix_shards`: the most shards interleaved in one group (1: one shard after another)."""
     total = _check(counts, world_size, rank, num_workers, batch_size)
+    if mix_shards < 1:
+        raise ValueError(f"mix_shards must be at least 1, got {mix_shards}")
     batches_per_rank = total // (world_size * batch_size)
     if batches_per_rank == 0:
         raise UserError(
@@ -151,14 +173,17 @@ def train_plan(
             f"(world size {world_size} × batch_size {batch_size}); lower data.batch_size"
         )
     order = shard_order(len(counts), seed, epoch, shuffle=True)
+    # groups of near-equal shard counts: 20 shards at mix_shards 16 are two groups of 10, not 16 and 4
+    groups = [order[low:high] for low, high in split_evenly(len(order), -(-len(order) // mix_shards))]
+    group_seeds = [int(np.random.default_rng([seed, epoch, g]).integers(2**63)) for g in range(len(groups))]
     rank_start = rank * batches_per_rank * batch_size
     plans = []
     for worker, (first, last) in enumerate(split_evenly(batches_per_rank, num_workers)):
         begin, end = rank_start + first * batch_size, rank_start + last * batch_size
         # one seed per (epoch, rank, worker): buffers shuffle differently but reproducibly everywhere
         shuffle_seed = int(np.random.default_rng([seed, epoch, rank, worker]).integers(2**63))
-        segments = slice_stream(counts, order, begin, end)
-        plans.append(WorkerPlan(segments, BatchSizes(last - first, batch_size), shuffle_seed))
+        parts = slice_groups(counts, groups, group_seeds, begin, end)
+        plans.append(WorkerPlan(parts, BatchSizes(last - first, batch_size), shuffle_seed))
     return plans
 
 
@@ -232,14 +257,17 @@ def fraction_counts(counts: Sequence[int], fraction: float) -> list[int]:
     return kept
 
 
-def skip_samples(segments: Sequence[Segment], count: int) -> tuple[Segment, ...]:
-    """The segments without their first `count` samples: wholly skipped shards are never opened."""
+def skip_samples(parts: Sequence[Part], count: int) -> tuple[Part, ...]:
+    """The parts without their first `count` samples: wholly skipped shards are never opened."""
     kept = []
-    for segment in segments:
-        if count >= len(segment):
-            count -= len(segment)
+    for part in parts:
+        if count >= len(part):
+            count -= len(part)
             continue
-        kept.append(Segment(segment.shard, segment.start + count, segment.stop))
+        if isinstance(part, Mix):
+            kept.append(part.skip(count))
+        else:
+            kept.append(Segment(part.shard, part.start + count, part.stop))
         count = 0
     return tuple(kept)
 

@@ -8,11 +8,13 @@ order are the same as without it, so batches, resume and exactly-once evaluation
 reaches the reader where its bytes stop, naming the same shard as without it: opening the shard when the
 reader opens it, a read after the bytes that came before it.
 
-Bounds: at most `FETCHES` fetches under way per worker, the shard being read and the next (one its reader has
+Bounds: at most `FETCHES` fetches under way per opener, the shard being read and the next (one its reader has
 closed may take a last read to notice). The budget is spent in plan order: a shard fetches on while it and
 the shards before it hold less than the budget, so the one being read is never starved by those behind it,
-and a worker holds at most twice the budget (the shard being read refilling while the next holds the rest)
-plus a chunk a fetch; a shard ahead is held whole only when it fits. Local files are opened when they are
+and an opener holds at most twice the budget (the shard being read refilling while the next holds the rest)
+plus a chunk a fetch, a chunk being at most a quarter of the budget (or 1 MB); a shard ahead is held whole only
+when it fits. A worker reading a mixed group of shards has an opener per lane (see stream.py), which share its
+budget: it holds at most 2.5 times `data.read_ahead_mb` in all. Local files are opened when they are
 needed: a disk has no latency worth hiding.
 """
 
@@ -27,6 +29,7 @@ from typing import IO
 from project.data.remote import is_remote
 
 CHUNK = 1 << 20  # bytes fetched at a time: about 40 ms of a 25 MB/s connection
+MIN_CHUNK = 1 << 12
 FETCHES = 2  # fetches under way per worker: two streams at once where a store caps each connection's rate
 READ_AHEAD_BYTES = 32 * 10**6  # data.read_ahead_mb's default: a shuffle buffer of 32 kB samples
 Opener = Callable[[str], IO[bytes]]
@@ -58,7 +61,7 @@ class ReadAhead(io.RawIOBase):
         failure = None  # handed to the reader after the bytes before it
         read = getattr(stream, "read1", stream.read)  # one raw read at a time: the bytes before an error arrive
         try:
-            while self._room() and (chunk := read(CHUNK)):
+            while self._room() and (chunk := read(self.opener.chunk)):
                 with self.condition:
                     if not self.stopped:
                         self.chunks.append(memoryview(chunk))
@@ -141,6 +144,9 @@ class ShardOpener:
 
     def __init__(self, urls: Iterable[str], open_stream: Opener, budget: int) -> None:
         self.open_stream, self.budget = open_stream, budget
+        # a read at a time: at most a quarter of the budget, so that a small budget (one lane's of a mixed group,
+        # see stream.py) is not overrun by its fetches' reads
+        self.chunk = max(MIN_CHUNK, min(CHUNK, budget // 4))
         self.condition = threading.Condition()
         self.upcoming = collections.deque(urls)  # not started yet
         self.started: collections.deque[ReadAhead] = collections.deque()  # started, not yet opened by the reader
@@ -198,7 +204,7 @@ class ShardOpener:
         except BaseException:
             ahead.close()
             raise
-        return io.BufferedReader(ahead, buffer_size=CHUNK)
+        return io.BufferedReader(ahead, buffer_size=self.chunk)
 
     def close(self) -> None:
         """Drop the fetches of shards not read yet (the pass ended or stopped early)."""

@@ -1,5 +1,5 @@
-"""Run one DataLoader worker's epoch plan: open its shards, skip to its offsets, group tar members into
-samples, shuffle the encoded samples in a bounded buffer, then hand them to the task to decode and collate.
+"""Run one DataLoader worker's epoch plan: read its parts into encoded samples (reading.py), shuffle them in a
+bounded buffer, then hand them to the task to decode and collate.
 
 The stream knows no task: what a member means (an image, a label, a text) is the task's `decode`, and how
 examples become a batch its `collate`. The stream only guarantees that batch `n` of a worker's plan holds
@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -21,10 +20,19 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from project.data.batch import Batch, Skipped
-from project.data.plan import Segment, WorkerPlan, eval_plan, resume_point, skip_samples, total_batches, train_plan
-from project.data.prefetch import READ_AHEAD_BYTES, ShardOpener
+from project.data.plan import (
+    Part,
+    WorkerPlan,
+    eval_plan,
+    resume_point,
+    skip_samples,
+    total_batches,
+    train_plan,
+)
+from project.data.prefetch import READ_AHEAD_BYTES
+from project.data.reading import Missing, PartReader
 from project.data.remote import open_url
-from project.data.samples import MAX_MEMBER_BYTES, REFUSED, Sample, read_samples
+from project.data.samples import MAX_MEMBER_BYTES, REFUSED, Sample
 from project.data.shard_index import Shard
 from project.errors import DecodeError, ShardError
 
@@ -41,18 +49,6 @@ class Task(Protocol):
 
     def collate(self, examples: list[Any], stage: str) -> Batch:
         """A batch from a list of examples, in order."""
-
-
-@dataclass(frozen=True)
-class Missing:
-    """A placeholder for a sample that could not be read (a truncated or unreadable shard).
-
-    It keeps its place in the stream, so batches, ranks and resumed epochs stay aligned with the plan.
-    """
-
-    url: str
-    position: int
-    reason: str
 
 
 def shuffled(
@@ -107,6 +103,9 @@ class ShardStream(IterableDataset):
         max_member_bytes: a sample with a member that declares more bytes is skipped, that member unread.
         read_ahead_bytes: bytes of remote shards fetched ahead of the reader in the plan's order, the next
             shard requested while one is read (see prefetch.py); 0: each opened when it is read.
+        mix_shards: training reads the epoch's shards in groups of up to this many, interleaved sample by
+            sample (see `plan.Mix`), so batches mix them even when each shard holds one class; 1: one shard
+            after another.
     """
 
     def __init__(
@@ -125,6 +124,7 @@ class ShardStream(IterableDataset):
         bucket_by_size: bool = False,
         max_member_bytes: int | None = MAX_MEMBER_BYTES,
         read_ahead_bytes: int = READ_AHEAD_BYTES,
+        mix_shards: int = 1,
     ) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
@@ -138,6 +138,7 @@ class ShardStream(IterableDataset):
         self.skip_corrupt = skip_corrupt
         self.bucket_by_size = bucket_by_size
         self.max_member_bytes, self.read_ahead_bytes = max_member_bytes, read_ahead_bytes
+        self.mix_shards = mix_shards
         self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self.epoch = 0
         self.world_size, self.rank = 1, 0
@@ -158,7 +159,8 @@ class ShardStream(IterableDataset):
         counts = [shard.nsamples for shard in self.shards]
         common = dict(world_size=self.world_size, rank=self.rank, num_workers=self.num_workers)
         if self.train:
-            return train_plan(counts, epoch=self.epoch, seed=self.seed, batch_size=self.batch_size, **common)
+            mixing = dict(seed=self.seed, mix_shards=self.mix_shards)
+            return train_plan(counts, epoch=self.epoch, batch_size=self.batch_size, **mixing, **common)
         return eval_plan(counts, batch_size=self.batch_size, **common)
 
     def __len__(self) -> int:
@@ -187,10 +189,10 @@ class ShardStream(IterableDataset):
         """The plan's encoded samples, grouped into its batches, from batch `done` on."""
         start = plan.batch_sizes[:done].total
         if plan.shuffle_seed is None:
-            samples = self._encoded(skip_samples(plan.segments, start))
+            samples = self._encoded(skip_samples(plan.parts, start))
         else:
             chunk, offset = divmod(start, self.shuffle_buffer)
-            samples = self._encoded(skip_samples(plan.segments, chunk * self.shuffle_buffer))
+            samples = self._encoded(skip_samples(plan.parts, chunk * self.shuffle_buffer))
             bucket = self.batch_size if self.bucket_by_size else None
             samples = shuffled(samples, self.shuffle_buffer, plan.shuffle_seed, first_chunk=chunk, bucket=bucket)
             samples = itertools.islice(samples, offset, None)
@@ -234,33 +236,10 @@ class ShardStream(IterableDataset):
         batch.keys, batch.urls, batch.skipped = keys, urls, skipped
         return batch
 
-    def _encoded(self, segments: Sequence[Segment]) -> Iterator[Sample | Missing]:
-        """Each segment's samples in order, the next remote shard fetched while one is read."""
-        extensions = self.task.extensions
-        opener = ShardOpener([self.shards[s.shard].url for s in segments], self.open_stream, self.read_ahead_bytes)
-        try:
-            for segment in segments:
-                yield from self._segment(segment, extensions, opener)
-        finally:
-            opener.close()
-
-    def _segment(self, segment: Segment, extensions: frozenset[str], opener: ShardOpener) -> Iterator[Sample | Missing]:
-        """One segment's samples: exactly len(segment) items, `Missing` for unreadable ones."""
-        shard = self.shards[segment.shard]
-        seen, reason = 0, ""
-        try:
-            for sample in read_samples(
-                shard.url, segment.start, segment.stop, extensions, opener, self.max_member_bytes
-            ):
-                seen += 1
-                yield sample
-        except ShardError as error:
-            if not self.skip_corrupt:
-                raise
-            reason = str(error)
-        if seen != len(segment) and not reason:
-            reason = f"holds {segment.start + seen} samples, but its shard index says {shard.nsamples}"
-            if not self.skip_corrupt:
-                raise ShardError(f"shard {shard.url} {reason}: the index is stale, rebuild it")
-        for position in range(segment.start + seen, segment.stop):
-            yield Missing(shard.url, position, reason)
+    def _encoded(self, parts: Sequence[Part]) -> Iterator[Sample | Missing]:
+        """Each part's samples in order (see `PartReader`)."""
+        limits = dict(max_member_bytes=self.max_member_bytes, skip_corrupt=self.skip_corrupt)
+        reader = PartReader(
+            self.shards, self.task.extensions, self.open_stream, read_ahead_bytes=self.read_ahead_bytes, **limits
+        )
+        return reader.read(parts)

@@ -1,9 +1,9 @@
 """Whether shards look sorted by label: each shard's label entropy against the whole set's.
 
-Many tools write shards in class order (a folder per class, read in turn). The training loader shuffles within
-each worker's buffer (`data.shuffle_buffer` samples of the shards that worker reads), so shards of one class each
-give batches of one or two classes (benchmarks/README.md, "Shuffle quality"). `index` and `inspect` say so in one
-line; `prepare` shuffles samples before sharding, so re-sharding with it mixes them.
+Many tools write shards in class order (a folder per class, read in turn). Read one after another, shards of one
+class each would give batches of one or two classes; the training loader reads up to `data.mix_shards` shards
+side by side, so its batches mix as many classes (benchmarks/README.md, "Shuffle quality"). `index` and `inspect`
+say so in one line; `prepare` shuffles samples before sharding, so re-sharding with it mixes them fully.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 SORTED_BELOW = 0.5  # a shard's labels less than half as mixed as they could be: sorted, or nearly
 ADVICE = (
-    "the training loader mixes only within each worker's shuffle buffer (data.shuffle_buffer), so batches will "
-    "hold few classes; re-shard with python -m project.shards.prepare SHARDS --out DIR, which shuffles first"
+    "the training loader reads up to data.mix_shards (32) shards side by side, so batches still mix their "
+    "classes; past that many classes, raise data.mix_shards or re-shard with "
+    "python -m project.shards.prepare SHARDS --out DIR, which shuffles first"
 )
 
 

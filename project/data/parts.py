@@ -1,0 +1,72 @@
+"""What a DataLoader worker's plan reads, part by part: one shard's samples in their stored order (`Segment`),
+or a run of a group of shards interleaved sample by sample (`Mix`). Pure: no torch, no I/O."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Samples [start, stop) of shard number `shard` (its position in the shard list)."""
+
+    shard: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Positions [begin, end) of a group of shards read interleaved: its shards' samples in one merged order.
+
+    Sample j of the group's shard i (of n_i samples) sits at (j + u_i) / n_i, with u_i in [0, 1) drawn from
+    `seed`, and the merged order sorts those places (ties by shard). So each shard's samples keep their stored
+    order (a tar is read as a stream), any run of the merged order holds a slice of every shard in proportion
+    to its size (± 1 sample), and the run [begin, end) is a function of the group and the seed alone: a
+    resumed reader skips to a position without reading what comes before it.
+    """
+
+    shards: tuple[int, ...]  # the group's shards, by their position in the shard list
+    counts: tuple[int, ...]  # their sizes: the whole shards', not this run's
+    seed: int
+    begin: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.begin
+
+    @functools.cached_property
+    def _merged(self) -> np.ndarray:
+        """The lane (index into `shards`) of each position of the group's merged order."""
+        places = np.random.default_rng(self.seed).random(len(self.counts))
+        keys = np.concatenate(
+            [(np.arange(n) + place) / n for n, place in zip(self.counts, places, strict=True)] or [[]]
+        )
+        lanes = np.repeat(np.arange(len(self.counts)), self.counts)
+        return lanes[np.lexsort((lanes, keys))]
+
+    def lanes(self) -> np.ndarray:
+        """The lane of each position of [begin, end), in order."""
+        return self._merged[self.begin : self.end]
+
+    def segments(self) -> tuple[Segment, ...]:
+        """What each of the group's shards gives to [begin, end), one per lane (some may be empty)."""
+        lanes = len(self.counts)
+        starts = np.bincount(self._merged[: self.begin], minlength=lanes)
+        sizes = np.bincount(self.lanes(), minlength=lanes)
+        return tuple(
+            Segment(shard, int(start), int(start + size))
+            for shard, start, size in zip(self.shards, starts, sizes, strict=True)
+        )
+
+    def skip(self, count: int) -> Mix:
+        return Mix(self.shards, self.counts, self.seed, self.begin + count, self.end)
+
+
+Part = Segment | Mix  # what a worker reads: one shard's samples in order, or a group's interleaved
