@@ -21,7 +21,7 @@ from pathlib import Path
 from peer_loaders import PEER_PACKAGES, stored_samples
 
 from project.data.samples import read_samples
-from project.data.shard_index import INDEX_NAME, Shard, write_index
+from project.data.shard_index import INDEX_NAME, SHUFFLED_KEY, Shard, write_index
 from project.data.specs import resolve_shards
 
 PEERS_ROOT = Path("data/peers")
@@ -84,7 +84,9 @@ def sorted_set(source: ImageSet, root: Path = PEERS_ROOT, per_shard: int = 1000)
                 for sample in samples[first : first + per_shard]:
                     writer.write({"__key__": sample["__key__"], "jpg": sample["jpg"], "cls": sample["cls"]})
             written.append(Shard(str(path), len(samples[first : first + per_shard]), path.stat().st_size))
-        write_index(shards / INDEX_NAME, written, name="train", extra=resolve_shards(str(source.shards)).extra)
+        extra = dict(resolve_shards(str(source.shards)).extra)
+        extra.pop(SHUFFLED_KEY, None)  # sorted now: the source's word no longer holds
+        write_index(shards / INDEX_NAME, written, name="train", extra=extra)
     return ImageSet(f"{source.name}-sorted", shards, folder)
 
 

@@ -56,7 +56,9 @@ def Augment(size: int) -> Callable[[bytes | torch.Tensor], torch.Tensor]:  # noq
 # -- each loader, as its own documentation builds it ---------------------------------------------------
 
 
-def project_loader(shards: Path, size: int, workers: int, batch_size: int, shuffle_buffer: int, seed: int):
+def project_loader(
+    shards: Path, size: int, workers: int, batch_size: int, shuffle_buffer: int, seed: int, mix_shards: int = 32
+):
     """This project's training loader: ImageShards with data.augment=light, as `project.train` builds it."""
     from project.data.workers import warm_forkserver
     from project.tasks import WORKER_MODULES
@@ -72,6 +74,7 @@ def project_loader(shards: Path, size: int, workers: int, batch_size: int, shuff
         image_size=size,
         augment="light",
         shuffle_buffer=shuffle_buffer,
+        mix_shards=mix_shards,
         seed=seed,
         pin_memory=False,
     )
@@ -231,12 +234,15 @@ def run_epoch(
     batch_size: int,
     shuffle_buffer: int = 1000,
     seed: int = 0,
+    mix_shards: int | None = None,
 ) -> dict:
     """One full shuffled epoch of `loader`: samples/s from iter() to the last batch, CPU microseconds per
-    sample of all its processes, their peak summed RSS in MB, and the keys in the order they came."""
+    sample of all its processes, their peak summed RSS in MB, and the keys in the order they came.
+    `mix_shards`: the project's data.mix_shards (None: its default)."""
     where = shards if loader in SHARD_READERS else cache
+    options = {"mix_shards": mix_shards} if mix_shards is not None else {}
     batches, keys_of = BUILDERS[loader](
-        where, size=size, workers=workers, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed
+        where, size=size, workers=workers, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed, **options
     )
     processes = Processes()
     keys: list[str] = []

@@ -62,11 +62,18 @@ def naive_limit(data: ImageSet, size: int, processes: int, samples: int = 2000) 
 
 
 def run_one(
-    loader: str, data: ImageSet, size: int, args: argparse.Namespace, shuffle_buffer: int = 1000, isolated: bool = True
+    loader: str,
+    data: ImageSet,
+    size: int,
+    args: argparse.Namespace,
+    shuffle_buffer: int = 1000,
+    isolated: bool = True,
+    **options: object,
 ) -> dict:
-    """One epoch of `loader` (see `run_epoch`), in a fresh process unless `isolated` is false; a peer that is
-    not installed gives {"missing": ...}, one that fails {"error": ...}."""
+    """One epoch of `loader` (see `run_epoch`, which takes the `options`), in a fresh process unless `isolated`
+    is false; a peer that is not installed gives {"missing": ...}, one that fails {"error": ...}."""
     spec = {
+        **options,
         "loader": loader,
         "shards": str(data.shards),
         "cache": str(data.cache),
@@ -186,6 +193,31 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def project_stages(data: ImageSet, size: int, args: argparse.Namespace) -> dict[str, float]:
+    """CPU µs per sample of each stage of the project's loader on `data`, each alone (project/bench/stages.py),
+    with the settings its epochs above ran with."""
+    from project.bench.stages import stage_costs
+
+    settings = {"batch_size": args.batch_size, "image_size": size, "augment": "light", "shuffle_buffer": 1000}
+    return stage_costs(data.shards, {**settings, "seed": 0})
+
+
+def stage_table(result: dict) -> str:
+    """The project's CPU µs per sample by stage, beside its whole epoch's and the naive work's."""
+    from project.bench.stages import SHOWN
+
+    stages, project = result["stages"], result["loaders"]["project"]
+    lines = ["| project's stage | CPU µs per sample |", "|---|---|"]
+    lines += [f"| {SHOWN[stage]} | {value:,.0f} |" for stage, value in stages.items()]
+    rest = project["cpu_us"] - sum(stages.values())
+    lines += [
+        f"| the rest: processes, the stream, the main process, waits | {rest:,.0f} |",
+        f"| **the project's epoch, all processes** | **{project['cpu_us']:,.0f}** |",
+        f"| {NAIVE}: decode + v2 crop and flip, one process | {result['naive']['us_per_sample']:,.0f} |",
+    ]
+    return "\n".join(lines)
+
+
 def machine() -> dict:
     return {"cores": os.cpu_count(), "load_1_5_15": [round(value, 2) for value in os.getloadavg()]}
 
@@ -231,8 +263,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for data, trained in sets:
         result = measure(data, trained, args)
         result.pop("orders")
+        if "cpu_us" in result["loaders"].get("project", {}):
+            result["stages"] = project_stages(data, trained, args)
         results.append(result)
         print(table(result) + "\n", flush=True)
+        if "stages" in result:
+            print(stage_table(result) + "\n", flush=True)
     report = {"machine": {**before, "load_after": machine()["load_1_5_15"]}, "sizes": results}
     print(
         f"{report['machine']['cores']} cores; load average (1, 5, 15 min) {before['load_1_5_15']} before, "

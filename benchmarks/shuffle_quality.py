@@ -1,7 +1,7 @@
 """How well each loader shuffles: its training order against a full random permutation of the same samples.
 
-    python benchmarks/shuffle_quality.py [--workers 2] [--batch-size 128] [--loaders ...]
-                                         [--buffers 1000,2000,5000,10000,20000] [--json PATH]
+    python benchmarks/shuffle_quality.py [--workers 2] [--batch-size 128] [--loaders ...] [--repeats 5]
+                                         [--json PATH]
 
 One epoch of each loader of benchmarks/peers.py (each at its own default shuffle: the project's
 shuffle_buffer 1000, webdataset's .shuffle(1000) with shardshuffle=100, litdata's and mosaicml-streaming's
@@ -15,16 +15,20 @@ sorted by label (the hard case). Three measures:
 - Kendall's tau between the stream's order and the stored order (1 for the stored order, about 0 for a full
   shuffle).
 
-Then the project's loader on the sorted set with larger shuffle buffers, up to the first that reaches 0.98:
-with the same workers, and if none does, with one worker.
+Then the project's loader on the sorted set at its default buffer, reading one shard after another
+(data.mix_shards 1) and interleaving groups of shards (its default, 32), with 1, 2 and 4 workers and with
+2 DDP ranks of 2 workers (that order from the stream itself, with a task that decodes nothing); and the
+throughput cost of interleaving: epochs on the class-mixed set with mix_shards 1 and 32 taking turns.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -110,18 +114,83 @@ def rows_for(data, args: argparse.Namespace, loaders: Sequence[str], buffer: int
     return rows
 
 
-def search_buffer(data, args: argparse.Namespace, buffers: Sequence[int]) -> list[dict]:
-    """The project's measures on `data` with each shuffle buffer, until one reaches the target: with the
-    bench's workers, then (if none did) with one worker, since each worker shuffles only its own run of the
-    epoch's shards and so sees only their classes."""
+def project_rows(data, args: argparse.Namespace, workers: int, mix_shards: int) -> dict:
+    """The project's loader on `data`: one epoch with `workers` and `mix_shards`, its measures and rate."""
+    from peers import run_one
+
+    stored, labels = data.labels()
+    run_args = argparse.Namespace(**{**vars(args), "workers": workers})
+    result = run_one("project", data, args.size, run_args, isolated=not args.in_process, mix_shards=mix_shards)
+    if "keys" not in result:
+        return {"note": f"failed: {result.get('error')}"}
+    return {**quality(result["keys"], stored, labels, args.batch_size), "rate": result["rate"]}
+
+
+def ddp_order(data, args: argparse.Namespace, world_size: int, workers: int, mix_shards: int) -> tuple[list, float]:
+    """(the global order of a DDP epoch: step by step, rank 0's batch then rank 1's ..., the mean over ranks of
+    the entropy ratio of each rank's batches), from the project's stream with a task that decodes nothing: the
+    order of keys is the plan's and the shuffle's, whatever the task decodes."""
+    from project.data.batch import Batch
+    from project.data.specs import resolve_shards
+    from project.data.stream import ShardStream
+
+    class Keys:
+        extensions = frozenset()
+
+        def decode(self, sample: dict, stage: str) -> str:
+            return sample["__key__"]
+
+        def collate(self, examples: list, stage: str) -> Batch:
+            return Batch()
+
+    _, labels = data.labels()
+    shards = resolve_shards(str(data.shards)).shards
+    ranks, ratios = [], []
+    for rank in range(world_size):
+        stream = ShardStream(
+            shards, Keys(), stage="train", batch_size=args.batch_size, num_workers=workers, mix_shards=mix_shards
+        )
+        stream.set_topology(world_size, rank)
+        per_worker = []
+        for worker in range(workers):
+            info = argparse.Namespace(id=worker, num_workers=workers)
+            with mock.patch("project.data.stream.get_worker_info", return_value=info):
+                per_worker.append([batch.keys for batch in stream])
+        batches = [batch for step in itertools.zip_longest(*per_worker) for batch in step if batch is not None]
+        ranks.append(batches)
+        ratios.append(entropy_ratio([labels[key] for batch in batches for key in batch], args.batch_size))
+    order = [key for step in zip(*ranks, strict=True) for batch in step for key in batch]
+    return order, float(np.mean(ratios))
+
+
+def mixing_rows(data, args: argparse.Namespace) -> list[dict]:
+    """The project on the sorted set, one shard after another (mix_shards 1) and at its default (32), with 1, 2
+    and 4 workers, and 2 DDP ranks of 2 workers."""
+    stored, labels = data.labels()
     rows = []
-    for workers in dict.fromkeys([args.workers, 1]):
-        for buffer in buffers:
-            row = rows_for(data, argparse.Namespace(**{**vars(args), "workers": workers}), ["project"], buffer)
-            rows.append({"workers": workers, "shuffle_buffer": buffer, **row["project"]})
-            if row["project"]["entropy_ratio"] >= TARGET:
-                return rows
+    for workers in (1, 2, 4):
+        for mix in (1, 32):
+            rows.append(
+                {"topology": f"{workers} worker(s)", "mix_shards": mix, **project_rows(data, args, workers, mix)}
+            )
+    for mix in (1, 32):
+        order, ratio = ddp_order(data, args, 2, 2, mix)
+        row = {**quality(order, stored, labels, args.batch_size), "entropy_ratio": ratio}
+        rows.append({"topology": "2 ranks × 2 workers", "mix_shards": mix, **row})
     return rows
+
+
+def mixing_cost(data, args: argparse.Namespace) -> dict:
+    """Samples/s of the project's loader with mix_shards 1 and 32, epochs taking turns, `args.repeats` each."""
+    from peers import run_one
+
+    rates: dict[int, list[float]] = {1: [], 32: []}
+    for _ in range(args.repeats):
+        for mix in rates:
+            result = run_one("project", data, args.size, args, isolated=not args.in_process, mix_shards=mix)
+            rates[mix].append(result.get("rate", float("nan")))
+    medians = {mix: float(np.median(values)) for mix, values in rates.items()}
+    return {"set": data.name, "rates": rates, "medians": medians, "ratio": medians[32] / medians[1]}
 
 
 def table(results: dict) -> str:
@@ -137,20 +206,25 @@ def table(results: dict) -> str:
                 )
     lines += [
         "",
-        "| project, sorted set: workers | shuffle_buffer | entropy ratio | displacement ratio | Kendall τ |",
-        "|---|---|---|---|---|",
+        "| project, sorted set | mix_shards | entropy ratio | displacement ratio | Kendall τ | samples/s |",
+        "|---|---|---|---|---|---|",
     ]
-    for row in results["buffers"]:
+    for row in results["mixing"]:
+        if "note" in row:
+            lines.append(f"| {row['topology']} | {row['mix_shards']} | {row['note']} | | | |")
+            continue
+        rate = f"{row['rate']:.0f}" if "rate" in row else "(plan only)"
         lines.append(
-            f"| {row['workers']} | {row['shuffle_buffer']} | {row['entropy_ratio']:.3f} | "
-            f"{row['displacement_ratio']:.3f} | {row['kendall_tau']:.3f} |"
+            f"| {row['topology']} | {row['mix_shards']} | {row['entropy_ratio']:.3f} | "
+            f"{row['displacement_ratio']:.3f} | {row['kendall_tau']:.3f} | {rate} |"
         )
-    needed = results["buffer_needed"]
-    found = f"shuffle_buffer {needed['shuffle_buffer']} with {needed['workers']} worker(s)" if needed else "none tried"
-    lines.append(
-        f"\nreaching {TARGET} on the sorted set: {found}; {results['workers']} workers above, batch "
-        f"{results['batch_size']}."
-    )
+    cost = results.get("cost")
+    if cost:
+        lines.append(
+            f"\nthroughput on {cost['set']}, {results['workers']} workers, median of {len(cost['rates'][1])} epochs "
+            f"each: mix_shards 32 {cost['medians'][32]:.0f} samples/s, 1 {cost['medians'][1]:.0f}: "
+            f"ratio {cost['ratio']:.3f}."
+        )
     return "\n".join(lines)
 
 
@@ -162,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--loaders", default=",".join(LOADERS))
-    parser.add_argument("--buffers", default="1000,2000,5000,10000,20000", help="project shuffle_buffer sizes to try")
+    parser.add_argument("--repeats", type=int, default=5, help="epochs of each mix_shards for the throughput cost")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--in-process", action="store_true", help="run the epochs in this process (tests)")
     args = parser.parse_args(argv)
@@ -172,9 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
     sorted_demo = sorted_set(demo)
     sets = {data.name: rows_for(data, args, loaders) for data in (demo, sorted_demo)}
     results = {"workers": args.workers, "batch_size": args.batch_size, "target": TARGET, "sets": sets}
-    results["buffers"] = search_buffer(sorted_demo, args, [int(value) for value in args.buffers.split(",")])
-    found = [row for row in results["buffers"] if row["entropy_ratio"] >= TARGET]
-    results["buffer_needed"] = {key: found[0][key] for key in ("workers", "shuffle_buffer")} if found else None
+    results["mixing"] = mixing_rows(sorted_demo, args)
+    results["cost"] = mixing_cost(demo, args) if args.repeats > 0 else None
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -10,6 +10,7 @@ import pytest
 
 from project.bench.images import subset_index
 from project.bench.run import main
+from project.bench.stages import STAGES, stage_costs
 from project.bench.summary import RATIO_KEYS, summarize, table
 from project.data.specs import resolve_shards
 
@@ -32,6 +33,8 @@ def test_ratios_are_quotients_of_the_medians_of_the_repeats():
         "hand_loop": [100, 100, 101],
         "webdataset": [60, 90, 80],
         "shuffle_entropy": [0.99, 0.97, 0.995],
+        "loader_main_cpu_us": [1, 2, 3],
+        **{f"stage_{stage}_us": [1, 1, 1] for stage in STAGES},
     }
     settings = {"batch_size": 8, "image_size": 8, "augment": "none"}
     result = summarize(
@@ -64,6 +67,9 @@ def test_ratios_are_quotients_of_the_medians_of_the_repeats():
     assert "| (a) work limit: torchvision decode + v2 preset | 2 processes | 100 samples/s |" in text
     assert "|     decode limit: bare decoding | 2 processes | 200 samples/s |" in text
     assert "| ratio workers_2_vs_1 |  | 1.90 |" in text
+    assert "|     hand-over to the trainer | alone, 1 thread | 1 µs |" in text
+    # 12 µs in all, 6 stages of 1 µs and the main process's 2: 4 µs are none of them
+    assert "|     the rest of (b): processes, stream, waits |  | 4 µs |" in text
 
 
 def test_the_large_dataset_is_the_small_one_listed_eight_times(tmp_path):
@@ -98,10 +104,23 @@ def test_bench_json_holds_every_figure_and_ratio(tiny_demo, capsys):
         "rss_large_mb",
         "template",
         "hand_loop",
+        "loader_main_cpu_us",
+        *(f"stage_{stage}_us" for stage in STAGES),
     )
     assert set(result["medians"]) == set(figures) and all(result["runs"][name] for name in figures)
     assert result["rss_samples"][1] == 8 * result["rss_samples"][0]
     assert any("ratio template_vs_hand_loop" in line for line in lines[:-1])
+    assert all(result["medians"][f"stage_{stage}_us"] > 0 for stage in ("read", "decode", "collate", "handover"))
+
+
+@pytest.mark.parametrize("augment", ["light", "none"])
+def test_each_stage_of_the_loader_is_timed_on_its_own(tmp_path, augment):
+    write_shards(tmp_path / "train", [24, 24])
+    settings = {"batch_size": 8, "image_size": 8, "augment": augment, "shuffle_buffer": 16, "seed": 0}
+    costs = stage_costs(tmp_path / "train" / "shardindex.json", settings)
+    assert set(costs) == set(STAGES)
+    assert all(costs[stage] > 0 for stage in ("read", "decode", "collate", "handover"))
+    assert (costs["crop"] > 0) == (augment == "light")  # none: no crop to time, the collate resizes nothing
 
 
 @pytest.mark.slow

@@ -191,3 +191,24 @@ def test_mix_shards_below_one_is_refused_in_one_line():
 
     with pytest.raises(UserError, match=r"^data.mix_shards must be positive, got 0$"):
         ImageShards(root=None, mix_shards=0, num_workers=0)
+
+
+def test_mix_shards_defaults_to_one_only_for_shards_their_index_says_were_shuffled(shard_folder, tmp_path):
+    from project.data.shard_index import SHUFFLED_KEY, merged_extra, read_index, write_index
+    from project.tasks.image.data import ImageShards
+
+    folder, _ = shard_folder([8] * 4)
+    index = read_index(str(folder / "shardindex.json"))
+    shuffled = write_index(
+        tmp_path / "shuffled.json", index.shards, name="train", extra={**index.extra, SHUFFLED_KEY: True}
+    )
+
+    def effective(train, **kwargs) -> int:
+        return ImageShards(root=None, train=str(train), num_workers=0, **kwargs).stream("train").mix_shards
+
+    assert effective(folder) == 32  # shards made elsewhere may be sorted
+    assert effective(shuffled) == 1  # prepare's and the demos': nothing to mix
+    assert effective(shuffled, mix_shards=4) == 4 and effective(folder, mix_shards=1) == 1
+    # several indexes: shuffled only when every one says so
+    assert merged_extra([read_index(str(shuffled)), index]) == {"classes": index.extra["classes"]}
+    assert merged_extra([read_index(str(shuffled)), read_index(str(shuffled))])[SHUFFLED_KEY] is True

@@ -165,3 +165,40 @@ def test_quality_reads_a_stream_of_keys():
     row = shuffle_quality.quality(stored, stored, labels, batch_size=10)
     assert row["kendall_tau"] == pytest.approx(1.0) and row["displacement_ratio"] == 0.0
     assert row["entropy_ratio"] == 0.0 and row["samples"] == 40
+
+
+def test_the_ddp_order_of_sorted_shards_mixes_like_a_full_shuffle_only_when_interleaved(tmp_path):
+    from webdataset import TarWriter
+
+    from project.data.shard_index import INDEX_NAME, Shard, write_index
+
+    folder = tmp_path / "train"
+    folder.mkdir()
+    shards = []
+    for label in range(8):  # 8 shards of one class each, 32 samples
+        path = folder / f"train-{label:06d}.tar"
+        with TarWriter(str(path), encoder=False) as writer:
+            for i in range(32):
+                writer.write({"__key__": f"c{label}_{i:03d}", "cls": str(label).encode()})
+        shards.append(Shard(str(path), 32, path.stat().st_size))
+    write_index(folder / INDEX_NAME, shards, name="train")
+    data = peer_data.ImageSet("sorted", folder, tmp_path / "cache")
+    args = argparse.Namespace(batch_size=16)
+    stored, labels = data.labels()
+    mixed, mixed_ratio = shuffle_quality.ddp_order(data, args, world_size=2, workers=2, mix_shards=32)
+    plain, plain_ratio = shuffle_quality.ddp_order(data, args, world_size=2, workers=2, mix_shards=1)
+    assert len(mixed) == len(set(mixed)) == len(plain) == 256  # 256 = 8 steps of 2 ranks × 16
+    assert mixed_ratio >= 0.98 > 0.6 > plain_ratio
+    row = {"topology": "2 ranks × 2 workers", "mix_shards": 32, **shuffle_quality.quality(mixed, stored, labels, 16)}
+    text = shuffle_quality.table({"sets": {}, "mixing": [row], "cost": None, "workers": 2, "batch_size": 16})
+    assert "| 2 ranks × 2 workers | 32 | " in text and "(plan only)" in text
+
+
+def test_the_project_stages_table_sits_beside_its_epoch_and_the_naive_work(tiny):
+    data, args, result = tiny
+    stages = peers.project_stages(data, 32, argparse.Namespace(**{**vars(args), "batch_size": 32}))
+    assert all(stages[stage] > 0 for stage in ("read", "decode", "crop", "collate", "handover"))
+    text = peers.stage_table({**result, "stages": stages})
+    assert "| hand-over to the trainer | " in text and "| read tar and group by key | " in text
+    rest = result["loaders"]["project"]["cpu_us"] - sum(stages.values())
+    assert f"| the rest: processes, the stream, the main process, waits | {rest:,.0f} |" in text

@@ -79,7 +79,9 @@ def test_image_folder_round_trip_is_stratified_deterministic_and_byte_exact(imag
     splits = assert_round_trip(tmp_path / "a", expected)
     for split, share in (("val", 2), ("test", 2), ("train", 6)):  # of each class's 10
         assert Counter(label for _, label in splits[split].values()) == {0: share, 1: share, 2: share}
-    assert json.loads((tmp_path / "a" / "train" / "shardindex.json").read_text())["classes"] == CLASSES
+    written = json.loads((tmp_path / "a" / "train" / "shardindex.json").read_text())
+    assert written["classes"] == CLASSES
+    assert written["shuffled_before_sharding"] is True  # so training reads its shards without interleaving
     prepare(str(root), tmp_path / "b", val_fraction=0.2, test_fraction=0.2, samples_per_shard=7, workers=1, quiet=True)
     for split in ("train", "val", "test"):  # same seed: the same bytes, whatever the workers
         first, second = (sorted((tmp_path / run / split).glob("*.tar")) for run in ("a", "b"))
@@ -152,6 +154,7 @@ def test_parts_are_disjoint_and_merge_to_the_whole(image_folder, tmp_path):
         part_indexes = sorted(str(p) for p in (tmp_path / "parts" / split).glob("shardindex.part-*.json"))
         merged, problems = build_index(part_indexes, tmp_path / "parts" / split / "shardindex.json")
         assert not problems and merged.nsamples == resolve_shards(str(tmp_path / "whole" / split)).nsamples
+        assert merged.extra["shuffled_before_sharding"] is True  # every part says so
     assert_round_trip(tmp_path / "parts", expected)
 
 
@@ -207,6 +210,7 @@ def test_gnu_tar_shards_are_indexed_and_trained_on(tmp_path, compress, labels):
     index, problems = build_index([str(shards)], shards / "shardindex.json")
     assert not problems and index.nsamples == 24 and [s.nsamples for s in index.shards] == [15, 9]
     assert index.extra["classes"] == (sorted(CLASSES) if labels == "txt" else ["0", "1", "2"])
+    assert "shuffled_before_sharding" not in index.extra  # shards made elsewhere: training interleaves them
     args = [f"--data.{split}={shards}" for split in ("train", "val", "test")]
     result = run_here(
         "project.train",

@@ -112,10 +112,12 @@ def make_datamodule(index: Path, workers: int, settings: dict) -> ImageShards:
     return ImageShards(root=None, train=str(index), num_workers=workers, pin_memory=False, **settings)
 
 
-def loader_rate(index: Path, workers: int, settings: dict, labels: list | None = None) -> tuple[float, float]:
+def loader_rate(
+    index: Path, workers: int, settings: dict, labels: list | None = None, split: dict | None = None
+) -> tuple[float, float]:
     """(samples/s, CPU microseconds per sample in the main process and the workers) of one training
     epoch of the project's loader, from iter() to its last batch; the labels in training order go to
-    `labels` when given.
+    `labels` when given, and the main process's and the workers' shares of the CPU time to `split`.
 
     The workers start from the forkserver, so they are not this process's children and RUSAGE_CHILDREN
     never sees them: their CPU time is read from /proc as the last batch arrives, when they are done.
@@ -130,8 +132,10 @@ def loader_rate(index: Path, workers: int, settings: dict, labels: list | None =
             labels.extend(batch.label.tolist())
         if number == batches:
             worker_cpu = workers_cpu_seconds(iterator)
-    rate = count / (time.perf_counter() - start)
-    return rate, (own_cpu_seconds() - own + worker_cpu) / count * 1e6
+    rate, main_cpu = count / (time.perf_counter() - start), own_cpu_seconds() - own
+    if split is not None:
+        split.update(main=main_cpu / count * 1e6, workers=worker_cpu / count * 1e6)
+    return rate, (main_cpu + worker_cpu) / count * 1e6
 
 
 def workers_cpu_seconds(iterator: object) -> float:

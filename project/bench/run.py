@@ -24,7 +24,10 @@ configs/default.yaml:
       AdamW step) on the same model and the same batches, timed from the end of the first step; both
       with the intra-op threads the workers leave (cores - N, at least 1);
   (f) webdataset's own pipeline (WebDataset + WebLoader, as its README builds it) on the same shards,
-      running the naive path in N workers (benchmarks/peers.py adds litdata and mosaicml-streaming).
+      running the naive path in N workers (benchmarks/peers.py adds litdata and mosaicml-streaming);
+  (g) where (b)'s CPU time goes: each stage of its epoch alone in one thread (read and group, shuffle, decode,
+      crop, collate, hand-over through a worker's queue; project/bench/stages.py), the main process's share of
+      (b), and the rest of (b) beyond them (processes, the stream's bookkeeping, waits).
 
 The loader's training order in (b) also gives `shuffle_entropy`: the mean label entropy of its batches over
 that of a full random permutation of the same labels (1.0 is as mixed as a full shuffle).
@@ -56,6 +59,7 @@ from project.bench.images import (
     write_image_folder,
 )
 from project.bench.shuffle import entropy_ratio
+from project.bench.stages import STAGES, stage_costs
 from project.bench.summary import summarize, table
 from project.bench.text import ensure_text_demo, measure_text, summarize_text, text_table
 from project.bench.training import template_rate
@@ -101,18 +105,24 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
         "imagefolder",
         "webdataset",
         "shuffle_entropy",
+        "loader_main_cpu_us",
+        *(f"stage_{stage}_us" for stage in STAGES),
     )
     runs: dict[str, list[float]] = {name: [] for name in names}
     warm_forkserver(WORKER_MODULES)  # its one-time start (importing the pipeline) is not part of any epoch
     for _ in range(args.repeats):
         runs["work_limit"].append(work_limit_rate(samples, max(1, workers), settings["augment"], size))
         labels: list[int] = []
+        split: dict[str, float] = {}
         for name, (rate, cpu) in (
             ("decode", decode_rate(samples, max(1, workers), size)),
-            ("loader", loader_rate(index, workers, settings, labels)),
+            ("loader", loader_rate(index, workers, settings, labels, split)),
         ):
             runs[name].append(rate)
             runs[f"{name}_cpu_us"].append(cpu)
+        runs["loader_main_cpu_us"].append(split["main"])
+        for stage, microseconds in stage_costs(index, settings).items():
+            runs[f"stage_{stage}_us"].append(microseconds)
         runs["shuffle_entropy"].append(entropy_ratio(labels, settings["batch_size"]))
         runs["loader_1"].append(loader_rate(index, 1, settings)[0] if workers != 1 else runs["loader"][-1])
         runs["loader_2"].append(loader_rate(index, 2, settings)[0] if workers != 2 else runs["loader"][-1])

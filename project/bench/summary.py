@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+from project.bench.stages import SHOWN, STAGES
+
 RATIO_KEYS = (
     "loader_vs_work_limit",
     "loader_vs_decode",
@@ -33,6 +35,20 @@ def summarize(result: dict) -> dict:
     return result
 
 
+def stage_rows(m: dict) -> list[tuple[str, str, str]]:
+    """(g): CPU µs per sample of each stage of (b), each alone in one process (project/bench/stages.py), the
+    main process's share of (b), and what (b) cost beyond them all."""
+    stages = [(SHOWN[stage], m[f"stage_{stage}_us"]) for stage in STAGES]
+    rest = m["loader_cpu_us"] - sum(value for _, value in stages) - m["loader_main_cpu_us"]
+    rows = [("(g) CPU time per sample by stage: " + stages[0][0], "alone, 1 thread", f"{stages[0][1]:,.0f} µs")]
+    rows += [(f"    {stage}", "alone, 1 thread", f"{value:,.0f} µs") for stage, value in stages[1:]]
+    rows += [
+        ("    main process's share of (b)", "", f"{m['loader_main_cpu_us']:,.0f} µs"),
+        ("    the rest of (b): processes, stream, waits", "", f"{rest:,.0f} µs"),
+    ]
+    return rows
+
+
 def table(result: dict) -> str:
     """The figures and ratios as a Markdown table."""
     m, r, n = result["medians"], result["ratios"], result["workers"]
@@ -52,6 +68,7 @@ def table(result: dict) -> str:
         ("    hand-written PyTorch loop", f"{n} workers", f"{m['hand_loop']:,.0f} samples/s"),
         ("(f) webdataset's own pipeline", f"{n} workers", f"{m['webdataset']:,.0f} samples/s"),
         ("    shuffle: batch label entropy ÷ a full shuffle's", "", f"{m['shuffle_entropy']:.3f}"),
+        *stage_rows(m),
     ]
     rows += [(f"ratio {key}", "", f"{r[key]:.2f}") for key in RATIO_KEYS]
     lines = ["| measure | setting | median |", "|---|---|---|"]

@@ -23,7 +23,7 @@ from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
 from project.data.position import ResumePosition
 from project.data.samples import MAX_MEMBER_BYTES, Sample
-from project.data.shard_index import Shard, ShardIndex
+from project.data.shard_index import Shard, ShardIndex, shuffled_before_sharding
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, start_forkserver
@@ -31,6 +31,7 @@ from project.errors import UserError, check_not_negative, check_positive
 from project.redact import redact_hparams, redact_value
 
 DataSpec = str | list[str]
+MIX_SHARDS = 32  # data.mix_shards for shards that may be sorted: 20 one-class shards mix fully (benchmarks/README.md)
 SPLITS = ("train", "val", "test")  # the splits of `root`; `predict` is only ever given explicitly
 
 
@@ -55,7 +56,8 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         shuffle_buffer: encoded training samples held in the shuffle buffer.
         mix_shards: training reads shards in groups of up to this many, interleaved sample by sample, each
             worker a slice of every shard of a group: batches mix up to this many shards, even shards of one
-            class each. Local shards cost a file each; remote ones a connection each. 1: one after another.
+            class each (a file or a connection each). 1: one after another. None: 1 for shards whose index
+            says they were shuffled before sharding (prepare's, the demos'), else 32.
         seed: seed of the shard order, the shuffle buffer and the augmentation.
         fraction: share of the training split to train on, in (0, 1]: exactly round(fraction × samples),
             the same ones for any seed, and nested (the 0.1 subset lies inside the 0.25 one). It is a
@@ -96,7 +98,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         batch_size: int = 128,
         num_workers: int = 2,
         shuffle_buffer: int = 1000,
-        mix_shards: int = 32,
+        mix_shards: int | None = None,
         seed: int = 0,
         fraction: float = 1.0,
         pin_memory: bool | None = None,
@@ -218,7 +220,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
             read_ahead_bytes=self.read_ahead_bytes,
             bucket_by_size=self.bucket_by_size and split == "train",
             max_member_bytes=self.max_member_bytes,
-            mix_shards=self.mix_shards,
+            mix_shards=self.mix_shards or (1 if shuffled_before_sharding(self.index(split)) else MIX_SHARDS),
         )
         if self.trainer is not None:
             stream.set_topology(self.trainer.world_size, self.trainer.global_rank)

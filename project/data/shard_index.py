@@ -28,6 +28,7 @@ from project.redact import redact, redact_text
 INDEX_NAME = "shardindex.json"
 INDEX_KIND = "wids-shard-index-v1"
 WIDS_KEYS = ("__kind__", "wids_version", "name", "shardlist")
+SHUFFLED_KEY = "shuffled_before_sharding"  # written true by prepare and the demos (see shuffled_before_sharding)
 MAX_INDEX_BYTES = 64 << 20  # about 700,000 shards; a larger index is refused unread
 MAX_URL_CHARS = 8192
 MAX_SHARD_SAMPLES = 1 << 32
@@ -239,8 +240,17 @@ def write_index(
 
 
 def merged_extra(indexes: Sequence[ShardIndex]) -> dict:
-    """The other keys of several indexes as one: for a key in more than one, the first index's value."""
+    """The other keys of several indexes as one: for a key in more than one, the first index's value;
+    `SHUFFLED_KEY` only when every index says so."""
     extra: dict = {}
     for index in reversed(indexes):
         extra.update(index.extra)
+    if not all(shuffled_before_sharding(index) for index in indexes):
+        extra.pop(SHUFFLED_KEY, None)
     return extra
+
+
+def shuffled_before_sharding(index: ShardIndex) -> bool:
+    """Whether the tool that wrote the index says it shuffled the samples before cutting them into shards
+    (`prepare` and the demos do): a shard is then a random sample of the set, and needs no interleaving."""
+    return index.extra.get(SHUFFLED_KEY) is True

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from project.commands import Spellings, run_command
 from project.data.samples import REFUSED, read_samples
-from project.data.shard_index import Shard, ShardIndex, read_index, write_index
+from project.data.shard_index import SHUFFLED_KEY, Shard, ShardIndex, read_index, shuffled_before_sharding, write_index
 from project.data.specs import SHARD_SUFFIXES, resolve_shards
 from project.errors import ShardError, UserError, run_main
 from project.shards.mixing import sorted_warning
@@ -93,12 +93,15 @@ def build_index(
     classes: list[str] | None = None
     labels: Counter = Counter()
     problems: list[str] = []
+    shuffled: list[bool] = []  # whether each input says its samples were shuffled before sharding
     for spec in inputs:
         if spec.endswith(".json"):
             part = read_index(spec)
             shards += part.shards
             classes = classes or index_classes(part)
+            shuffled.append(shuffled_before_sharding(part))
             continue
+        shuffled.append(False)  # shards made elsewhere: training interleaves them
         paths = [spec] if os.path.isfile(spec) else None
         if paths is None and os.path.isdir(spec):
             paths = sorted(str(p) for p in Path(spec).iterdir() if p.name.endswith(SHARD_SUFFIXES))
@@ -116,7 +119,8 @@ def build_index(
     if not shards:
         raise UserError("no shards to index")
     classes = classes or (labels_to_classes(list(labels))[1] if labels else None)
-    index = ShardIndex(shards, Path(out).parent.name, {"classes": classes} if classes else {})
+    extra = ({"classes": classes} if classes else {}) | ({SHUFFLED_KEY: True} if all(shuffled) else {})
+    index = ShardIndex(shards, Path(out).parent.name, extra)
     write_index(out, shards, name=index.name, extra=index.extra)
     return index, problems
 

@@ -43,7 +43,7 @@ from project.commands import Spellings, run_command
 from project.data.atomic import write_json_atomically
 from project.data.parallel import Pool
 from project.data.samples import count_samples
-from project.data.shard_index import INDEX_NAME, Shard, write_index
+from project.data.shard_index import INDEX_NAME, SHUFFLED_KEY, Shard, write_index
 from project.errors import UserError, run_main
 from project.redact import redact
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, require_near_text
@@ -238,7 +238,8 @@ def prepare(
     name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
     for split in SPLITS:
         if result[split] or count == 1:
-            write_index(out / split / name, result[split], name=split, extra={"classes": classes})
+            extra = {"classes": classes, SHUFFLED_KEY: True}  # the split's samples are shuffled before sharding
+            write_index(out / split / name, result[split], name=split, extra=extra)
     return result
 
 

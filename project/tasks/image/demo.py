@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from project.commands import run_command
 from project.data.parallel import imap_unordered
-from project.data.shard_index import INDEX_NAME, Shard, write_index
+from project.data.shard_index import INDEX_NAME, SHUFFLED_KEY, Shard, write_index
 from project.errors import UserError, run_main
 
 CLASSES = ["circle", "ring", "triangle", "square", "hexagon", "star", "cross", "crescent", "bar", "arrow"]
@@ -210,7 +210,7 @@ def make_demo(
         for shard in imap_unordered(write_shard, every_job, workers, start_method="spawn"):
             written[shard.url] = shard
             progress.advance(task, shard.nsamples)
-    demo_settings = {"demo": {"seed": seed, "image_size": image_size}}
+    demo_settings = {"demo": {"seed": seed, "image_size": image_size}, SHUFFLED_KEY: True}  # classes in turn
     for split in SPLITS:
         shards = [written[job.path] for job in jobs[split]]
         write_index(out / split / INDEX_NAME, shards, name=split, extra={"classes": CLASSES, **demo_settings})

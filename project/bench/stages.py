@@ -1,0 +1,119 @@
+"""Where the project's image loader spends its CPU time, stage by stage (`python -m project.bench`, and
+benchmarks/peers.py on photographs).
+
+Each stage runs alone in this process, one thread, on the same training samples as the loader's epoch, with
+CPU time counted (`time.thread_time`) around that stage only:
+
+- read: the tar members read and grouped by key into encoded samples (`PartReader`, the training plan's parts);
+- shuffle: the bounded buffer's permutation of those samples;
+- decode: the task's `decode` of each sample (the JPEG decoded near the training size, the label read);
+- crop: the batched crop, resize and flip of a batch's decoded images (`CropFlip`);
+- collate: the rest of the task's `collate` (the labels, the batch);
+- hand-over: a batch put on a worker-to-trainer queue by a forked process and taken off it here, as a DataLoader
+  worker's batches reach the trainer (the tensors moved into shared memory, the pickle, the queue);
+- the rest: the loader's CPU time per sample in the real epoch (main process and workers) less the stages above:
+  what the processes cost beyond the stages (start, the stream's bookkeeping, waiting).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import time
+from pathlib import Path
+
+import torch
+
+from project.data.reading import PartReader
+from project.data.stream import ShardStream, shuffled
+from project.tasks.image.crops import hwc
+from project.tasks.image.data import ImageShards
+
+STAGES = ("read", "shuffle", "decode", "crop", "collate", "handover")
+SHOWN = {  # how the bench's table names them
+    "read": "read tar and group by key",
+    "shuffle": "shuffle buffer",
+    "decode": "decode",
+    "crop": "crop, resize, flip",
+    "collate": "collate",
+    "handover": "hand-over to the trainer",
+}
+
+
+def stage_costs(index: Path, settings: dict) -> dict[str, float]:
+    """CPU microseconds per sample of each stage (`STAGES`) of one training epoch of `index` with `settings`
+    (the data module's: batch_size, image_size, augment, shuffle_buffer, seed), in this process."""
+    module = ImageShards(root=None, train=str(index), num_workers=0, pin_memory=False, **settings)
+    stream = module.stream("train")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    try:
+        costs, batches = measure_stages(stream, module)
+        costs["handover"] = handover_seconds(batches)
+    finally:
+        torch.set_num_threads(threads)
+    count = sum(plan.nsamples for plan in stream.plans())
+    return {stage: seconds / count * 1e6 for stage, seconds in costs.items()}
+
+
+def measure_stages(stream: ShardStream, module: ImageShards) -> tuple[dict[str, float], list]:
+    """CPU seconds of read, shuffle, decode, crop and collate over the stream's whole epoch, and its batches."""
+    costs = dict.fromkeys(STAGES[:-1], 0.0)
+    limits = dict(max_member_bytes=stream.max_member_bytes, skip_corrupt=True)
+    reader = PartReader(stream.shards, module.extensions, stream.open_stream, read_ahead_bytes=0, **limits)
+    batches, clock = [], time.thread_time
+    for plan in stream.plans():
+        start = clock()
+        encoded = list(reader.read(plan.parts))
+        middle = clock()
+        samples = iter(list(shuffled(iter(encoded), stream.shuffle_buffer, plan.shuffle_seed)))
+        costs["read"] += middle - start
+        costs["shuffle"] += clock() - middle
+        for size in plan.batch_sizes:
+            chunk = list(itertools.islice(samples, size))
+            start = clock()
+            examples = [module.decode(sample, "train") for sample in chunk]
+            costs["decode"] += clock() - start
+            crop = 0.0
+            if module.crop_flip is not None:
+                images = [hwc(example.pixels) for example in examples]
+                start = clock()
+                module.crop_flip(images)
+                crop = clock() - start
+            start = clock()
+            batch = module.collate(examples, "train")
+            # collate crops again, as the loader does: what it costs beyond the crop is the rest of collating
+            costs["collate"] += max(0.0, clock() - start - crop)
+            costs["crop"] += crop
+            batches.append(batch)
+    return costs, batches
+
+
+def _put_all(batches: list, queue, results) -> None:
+    start = time.process_time()
+    for batch in batches:
+        queue.put(batch)
+    queue.put(None)
+    results.put(time.process_time() - start)
+
+
+def handover_seconds(batches: list) -> float:
+    """CPU seconds of handing `batches` from a forked process to this one through a torch multiprocessing
+    queue, as a DataLoader worker's batches reach the trainer: the sender's time plus the receiver's."""
+    import torch.multiprocessing  # noqa: F401 - registers the tensor reductions (shared memory) with the pickler
+
+    context = multiprocessing.get_context("fork")
+    queue, results = context.Queue(), context.Queue()
+    sender = context.Process(target=_put_all, args=(batches, queue, results))
+    sender.start()
+    received = 0.0
+    while True:
+        start = time.thread_time()
+        batch = queue.get()
+        received += time.thread_time() - start
+        if batch is None:
+            break
+        del batch
+    sent = results.get()
+    sender.join()
+    return sent + received
