@@ -127,11 +127,11 @@ def write_mosaic(data: ImageSet, folder: Path) -> None:
 
 
 def write_imagefolder(data: ImageSet, folder: Path) -> None:
-    """folder/<label>/<key>.jpg, as torchvision's ImageFolder reads it."""
+    """folder/<label>/<key>.jpg, as torchvision's ImageFolder reads it (a key's "/" makes a subfolder)."""
     for sample in stored_samples(data.shards):
-        label = folder / f"{int(sample['cls']):05d}"
-        label.mkdir(parents=True, exist_ok=True)
-        (label / f"{sample['__key__']}.jpg").write_bytes(sample["jpg"])
+        path = folder / f"{int(sample['cls']):05d}" / f"{sample['__key__']}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(sample["jpg"])
 
 
 WRITERS = {"litdata": write_litdata, "mosaic": write_mosaic, "imagefolder": write_imagefolder}

@@ -148,11 +148,13 @@ def read_jpeg(path: str) -> torch.Tensor:
 
 
 class KeyedImageFolder(torchvision.datasets.ImageFolder):
-    """ImageFolder whose items also carry the sample's key (the file's name without its extension)."""
+    """ImageFolder whose items also carry the sample's key: the file's path in its class folder without its
+    extension (a key with a "/" is a file in a subfolder, which ImageFolder finds too)."""
 
     def __getitem__(self, index: int) -> tuple:
         image, label = super().__getitem__(index)
-        return image, label, Path(self.samples[index][0]).stem
+        path = Path(self.samples[index][0])
+        return image, label, path.relative_to(Path(self.root) / self.classes[label]).as_posix().removesuffix(".jpg")
 
 
 def imagefolder_loader(cache: Path, size: int, workers: int, batch_size: int, **_: object):

@@ -263,11 +263,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for data, trained in sets:
         result = measure(data, trained, args)
         result.pop("orders")
-        if "cpu_us" in result["loaders"].get("project", {}):
-            result["stages"] = project_stages(data, trained, args)
         results.append(result)
         print(table(result) + "\n", flush=True)
-        if "stages" in result:
+        if "cpu_us" in result["loaders"].get("project", {}):
+            result["stages"] = project_stages(data, trained, args)
             print(stage_table(result) + "\n", flush=True)
     report = {"machine": {**before, "load_after": machine()["load_1_5_15"]}, "sizes": results}
     print(

@@ -156,3 +156,16 @@ def test_gpu_bench_script_runs_on_a_cpu_with_a_small_model(capsys):
     )
     assert "synthetic batches on the device" in capsys.readouterr().out
     assert "configs/trainer/bf16.yaml" in (REPO / "scripts" / "gpu_bench.sh").read_text()
+
+
+def test_the_hand_over_of_batches_too_large_for_the_pickle_is_timed():
+    """Batches of 19 MB cross through shared memory, handed over as file descriptors that the sender must
+    still hold when the receiver asks: the measure waits for the receiver before the sender exits."""
+    import torch
+
+    from project.bench.stages import handover_seconds
+    from project.tasks.image.batch import ImageBatch
+
+    image = torch.zeros(128, 3, 224, 224, dtype=torch.uint8)
+    batches = [ImageBatch(image=image, label=torch.zeros(128, dtype=torch.long)) for _ in range(4)]
+    assert handover_seconds(batches) > 0

@@ -41,11 +41,12 @@ def data(tmp_path_factory) -> Path:
 
 
 def ddp_args(data: Path) -> list[str]:
-    """2 processes x 2 DataLoader workers, 2 epochs, deterministic, with augmentation (seeded per batch)."""
+    """2 processes x 2 DataLoader workers, 2 epochs, deterministic, with augmentation (seeded per batch), the
+    shards read in interleaved groups of 3 (each worker of each rank a slice of each shard of a group)."""
     return [
         *("--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--trainer.deterministic=true"),
         *(f"--data.root={data}", "--data.image_size=16", f"--data.batch_size={BATCH}", "--data.num_workers=2"),
-        *("--data.augment=light", "--trainer.max_epochs=2", *QUIET),
+        *("--data.augment=light", "--data.mix_shards=3", "--trainer.max_epochs=2", *QUIET),
     ]
 
 

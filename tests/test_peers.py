@@ -202,3 +202,24 @@ def test_the_project_stages_table_sits_beside_its_epoch_and_the_naive_work(tiny)
     assert "| hand-over to the trainer | " in text and "| read tar and group by key | " in text
     rest = result["loaders"]["project"]["cpu_us"] - sum(stages.values())
     assert f"| the rest: processes, the stream, the main process, waits | {rest:,.0f} |" in text
+
+
+def test_imagefolder_keeps_keys_that_hold_a_slash(tmp_path):
+    from webdataset import TarWriter
+
+    from project.data.shard_index import INDEX_NAME, Shard, write_index
+
+    from .conftest import jpeg
+
+    folder = tmp_path / "train"
+    folder.mkdir()
+    path = folder / "train-000000.tar"
+    keys = ["photo-a/crop-0", "photo-a/crop-1", "photo-b/crop-0", "plain"]  # as photos.py names its crops
+    with TarWriter(str(path), encoder=False) as writer:
+        for i, key in enumerate(keys):
+            writer.write({"__key__": key, "jpg": jpeg(i), "cls": str(i % 2).encode()})
+    write_index(folder / INDEX_NAME, [Shard(str(path), 4, path.stat().st_size)], name="train")
+    data = peer_data.ImageSet("slashes", folder, tmp_path / "cache")
+    peer_data.ensure_format(data, "imagefolder")
+    batches, keys_of = peer_loaders.imagefolder_loader(data.cache, size=8, workers=0, batch_size=2)
+    assert sorted(key for batch in batches for key in keys_of(batch)) == sorted(keys)

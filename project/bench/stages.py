@@ -89,12 +89,13 @@ def measure_stages(stream: ShardStream, module: ImageShards) -> tuple[dict[str, 
     return costs, batches
 
 
-def _put_all(batches: list, queue, results) -> None:
+def _put_all(batches: list, queue, results, done) -> None:
     start = time.process_time()
     for batch in batches:
         queue.put(batch)
     queue.put(None)
     results.put(time.process_time() - start)
+    done.wait()  # a tensor's shared memory passes as a file descriptor that this process hands over when asked
 
 
 def handover_seconds(batches: list) -> float:
@@ -103,8 +104,8 @@ def handover_seconds(batches: list) -> float:
     import torch.multiprocessing  # noqa: F401 - registers the tensor reductions (shared memory) with the pickler
 
     context = multiprocessing.get_context("fork")
-    queue, results = context.Queue(), context.Queue()
-    sender = context.Process(target=_put_all, args=(batches, queue, results))
+    queue, results, done = context.Queue(), context.Queue(), context.Event()
+    sender = context.Process(target=_put_all, args=(batches, queue, results, done))
     sender.start()
     received = 0.0
     while True:
@@ -115,5 +116,6 @@ def handover_seconds(batches: list) -> float:
             break
         del batch
     sent = results.get()
+    done.set()
     sender.join()
     return sent + received

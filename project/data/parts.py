@@ -48,7 +48,7 @@ class Mix:
         keys = np.concatenate(
             [(np.arange(n) + place) / n for n, place in zip(self.counts, places, strict=True)] or [[]]
         )
-        lanes = np.repeat(np.arange(len(self.counts)), self.counts)
+        lanes = np.repeat(np.arange(len(self.counts), dtype=np.int32), self.counts)  # 4 bytes a sample, held
         return lanes[np.lexsort((lanes, keys))]
 
     def lanes(self) -> np.ndarray:
