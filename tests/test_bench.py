@@ -169,3 +169,27 @@ def test_the_hand_over_of_batches_too_large_for_the_pickle_is_timed():
     image = torch.zeros(128, 3, 224, 224, dtype=torch.uint8)
     batches = [ImageBatch(image=image, label=torch.zeros(128, dtype=torch.long)) for _ in range(4)]
     assert handover_seconds(batches) > 0
+
+
+def test_the_loader_cpu_keeps_a_worker_that_exits_before_the_last_batch(monkeypatch):
+    """Worker 1 is done and gone from /proc when worker 2's last batch arrives: its time still counts."""
+    import torch
+
+    from project.bench import images
+
+    class Batch:
+        label = torch.zeros(4, dtype=torch.long)
+
+        def __len__(self) -> int:
+            return 4
+
+    class Module:
+        def train_dataloader(self):
+            return [Batch(), Batch(), Batch()]
+
+    readings = iter([{1: 1.0, 2: 1.0}, {1: 2.0, 2: 2.0}, {2: 3.0}])  # at each batch; worker 1 has exited
+    monkeypatch.setattr(images, "make_datamodule", lambda *args: Module())
+    monkeypatch.setattr(images, "workers_cpu_seconds", lambda iterator: next(readings))
+    split: dict = {}
+    images.loader_rate("index", 2, {}, split=split)
+    assert split["workers"] == pytest.approx((2.0 + 3.0) / 12 * 1e6)  # the last of each: 5 s over 12 samples

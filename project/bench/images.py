@@ -120,34 +120,34 @@ def loader_rate(
     `labels` when given, and the main process's and the workers' shares of the CPU time to `split`.
 
     The workers start from the forkserver, so they are not this process's children and RUSAGE_CHILDREN
-    never sees them: their CPU time is read from /proc as the last batch arrives, when they are done.
+    never sees them: their CPU time is read from /proc as each batch arrives, the last value of each kept (a
+    worker that has finished may exit before the last batch arrives from another).
     """
     loader = make_datamodule(index, workers, settings).train_dataloader()
-    batches = len(loader.dataset)
-    start, own, count, worker_cpu = time.perf_counter(), own_cpu_seconds(), 0, 0.0
+    start, own, count, seen = time.perf_counter(), own_cpu_seconds(), 0, {}
     iterator = iter(loader)
-    for number, batch in enumerate(iterator, 1):
+    for batch in iterator:
         count += len(batch)
         if labels is not None:
             labels.extend(batch.label.tolist())
-        if number == batches:
-            worker_cpu = workers_cpu_seconds(iterator)
-    rate, main_cpu = count / (time.perf_counter() - start), own_cpu_seconds() - own
+        seen.update(workers_cpu_seconds(iterator))
+    rate, main_cpu, worker_cpu = count / (time.perf_counter() - start), own_cpu_seconds() - own, sum(seen.values())
     if split is not None:
         split.update(main=main_cpu / count * 1e6, workers=worker_cpu / count * 1e6)
     return rate, (main_cpu + worker_cpu) / count * 1e6
 
 
-def workers_cpu_seconds(iterator: object) -> float:
-    """CPU seconds so far of a DataLoader iterator's worker processes (Linux /proc; 0 elsewhere)."""
-    total = 0.0
+def workers_cpu_seconds(iterator: object) -> dict[int, float]:
+    """CPU seconds so far of each live worker process of a DataLoader iterator, by pid (Linux /proc; none
+    elsewhere)."""
+    seconds = {}
     for worker in getattr(iterator, "_workers", []):
         try:
             fields = proc_stat(worker.pid)
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-    return total
+        seconds[worker.pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return seconds
 
 
 def write_image_folder(samples: list[dict], folder: Path) -> Path:

@@ -120,16 +120,14 @@ def text_loader_rate(index: Path, tokenizer: Path, workers: int, settings: dict)
         root=None, train=str(index), tokenizer=str(tokenizer), num_workers=workers, pin_memory=False, **settings
     )
     loader = data.train_dataloader()
-    batches = len(loader.dataset)
-    start, own, count, tokens, padded, worker_cpu = time.perf_counter(), own_cpu_seconds(), 0, 0, 0, 0.0
+    start, own, count, tokens, padded, seen = time.perf_counter(), own_cpu_seconds(), 0, 0, 0, {}
     iterator = iter(loader)
-    for number, batch in enumerate(iterator, 1):
+    for batch in iterator:
         count += len(batch.label)
         tokens += int(batch.lengths.sum())
         padded += batch.tokens.numel()
-        if number == batches:  # the workers are done, and not yet gone: their CPU time is in /proc
-            worker_cpu = workers_cpu_seconds(iterator)
-    seconds = time.perf_counter() - start
+        seen.update(workers_cpu_seconds(iterator))  # each worker's last value: one may exit before the last batch
+    seconds, worker_cpu = time.perf_counter() - start, sum(seen.values())
     return {
         "rate": count / seconds,
         "tokens": tokens / seconds,
