@@ -3,7 +3,6 @@ or a run of a group of shards interleaved sample by sample (`Mix`). Pure: no tor
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,29 +40,37 @@ class Mix:
     def __len__(self) -> int:
         return self.end - self.begin
 
-    @functools.cached_property
     def _merged(self) -> np.ndarray:
-        """The lane (index into `shards`) of each position of the group's merged order."""
+        """The lane (index into `shards`) of each position of the group's merged order: computed when asked,
+        not kept, so a worker holds one group's order at a time (4 bytes a sample), whatever its plan's size."""
         places = np.random.default_rng(self.seed).random(len(self.counts))
         keys = np.concatenate(
             [(np.arange(n) + place) / n for n, place in zip(self.counts, places, strict=True)] or [[]]
         )
-        lanes = np.repeat(np.arange(len(self.counts), dtype=np.int32), self.counts)  # 4 bytes a sample, held
+        lanes = np.repeat(np.arange(len(self.counts), dtype=np.int32), self.counts)
         return lanes[np.lexsort((lanes, keys))]
 
-    def lanes(self) -> np.ndarray:
-        """The lane of each position of [begin, end), in order."""
-        return self._merged[self.begin : self.end]
-
-    def segments(self) -> tuple[Segment, ...]:
-        """What each of the group's shards gives to [begin, end), one per lane (some may be empty)."""
-        lanes = len(self.counts)
-        starts = np.bincount(self._merged[: self.begin], minlength=lanes)
-        sizes = np.bincount(self.lanes(), minlength=lanes)
-        return tuple(
+    def window(self) -> tuple[tuple[Segment, ...], np.ndarray]:
+        """(what each of the group's shards gives to [begin, end), one per lane, some maybe empty; the lane of
+        each position of [begin, end), in order)."""
+        merged = self._merged()
+        starts = np.bincount(merged[: self.begin], minlength=len(self.counts))
+        lanes = merged[self.begin : self.end]
+        sizes = np.bincount(lanes, minlength=len(self.counts))
+        segments = tuple(
             Segment(shard, int(start), int(start + size))
             for shard, start, size in zip(self.shards, starts, sizes, strict=True)
         )
+        return segments, lanes
+
+    def lanes(self) -> np.ndarray:
+        return self.window()[1]
+
+    def segments(self) -> tuple[Segment, ...]:
+        """`window`'s segments; a run of the whole group gives every shard whole, without sorting anything."""
+        if self.begin == 0 and self.end == sum(self.counts):
+            return tuple(Segment(shard, 0, count) for shard, count in zip(self.shards, self.counts, strict=True))
+        return self.window()[0]
 
     def skip(self, count: int) -> Mix:
         return Mix(self.shards, self.counts, self.seed, self.begin + count, self.end)

@@ -76,9 +76,10 @@ class PartReader:
     def _mixed(self, part: Mix, openers: Sequence[ShardOpener]) -> Iterator[Sample | Missing]:
         """A mixed group's run: its shards read side by side, a sample at a time from the one its order names
         (there may be more openers than shards: a larger group of the plan has more lanes)."""
-        readers = [self._segment(segment, opener) for segment, opener in zip(part.segments(), openers, strict=False)]
+        segments, lanes = part.window()
+        readers = [self._segment(segment, opener) for segment, opener in zip(segments, openers, strict=False)]
         try:
-            for lane in part.lanes().tolist():
+            for lane in lanes.tolist():
                 yield next(readers[lane])
         finally:
             for reader in readers:  # closes the shards whose last sample was read without reaching their end
