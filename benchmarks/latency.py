@@ -155,6 +155,8 @@ def epoch(loader: str, spec: str, args: argparse.Namespace, extra: dict) -> dict
     from project.data.specs import resolve_shards
 
     settings = {"image_size": args.size, "augment": "light", "batch_size": args.batch_size, **extra}
+    if loader == "project" and args.mix_shards is not None:
+        settings.setdefault("mix_shards", args.mix_shards)
     if loader == "project":
         batches = make_datamodule(spec, args.workers, settings).train_dataloader()  # type: ignore[arg-type]
     else:
@@ -233,6 +235,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", type=int, default=224, help="the trained image size in px")
     parser.add_argument("--repeats", type=int, default=3, help="epochs per row (medians)")
     parser.add_argument("--copies", type=int, default=1, help="list the shards this many times: a longer epoch")
+    parser.add_argument(
+        "--mix-shards", type=int, default=None, help="the project's data.mix_shards (default: its index's default)"
+    )
     parser.add_argument(
         "--loaders", default="project,webdataset", help="the loaders measured: project, webdataset or both"
     )

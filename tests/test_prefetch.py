@@ -317,3 +317,17 @@ def test_a_mixed_group_reads_its_remote_shards_side_by_side_within_the_read_ahea
     assert max(peaks) > 0  # it did read ahead
     plain = ShardStream(shards, task, stage="train", batch_size=2, shuffle_buffer=4, read_ahead_bytes=0, mix_shards=4)
     assert keys == [key for batch in plain for key in batch.keys]
+
+
+def test_a_mixed_groups_lanes_request_their_shards_together_not_one_after_another(server, shard_folder):
+    base, handler = server
+    shard_folder([8, 8, 8, 8], name="split")
+    shards = resolve_shards(f"{base}/split/shardindex.json").shards
+    handler.delay = 0.3  # a distant store's first byte
+    handler.arrivals = {}
+    stream = ShardStream(shards, image_task(), stage="train", batch_size=4, shuffle_buffer=4, mix_shards=4)
+    started = time.monotonic()
+    next(iter(stream))  # the first batch needs a sample of every lane
+    arrivals = sorted(time - started for path, time in handler.arrivals.items() if path.endswith(".tar"))
+    assert len(arrivals) == 4
+    assert arrivals[-1] - arrivals[0] < 0.2  # all requested at once: one after another would take 0.3 s each

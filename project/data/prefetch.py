@@ -163,6 +163,12 @@ class ShardOpener:
                 break
         return held < self.budget
 
+    def start(self) -> None:
+        """Start fetching the first shards now, before the reader opens one: a mixed group's lanes all begin
+        at once (their first requests wait for the store together, not one after another)."""
+        with self.condition:
+            self.top_up()
+
     def top_up(self) -> None:
         """Start the next remote shards' fetches while there is room (called with the condition held)."""
         while (

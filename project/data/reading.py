@@ -63,6 +63,9 @@ class PartReader:
                     lanes[lane].append(self.shards[segment.shard].url)
         budget = self.read_ahead_bytes // max(1, len(lanes))
         openers = [ShardOpener(urls, self.open_stream, budget) for urls in lanes]
+        if len(openers) > 1:  # lanes read side by side: every lane's first shard is requested now
+            for opener in openers:
+                opener.start()
         try:
             for part in parts:
                 if isinstance(part, Mix):
