@@ -19,6 +19,14 @@ class Segment:
     def __len__(self) -> int:
         return self.stop - self.start
 
+    def segments(self) -> tuple[Segment, ...]:
+        """The shard slices it reads: itself (as a `Mix` gives one per shard of its group)."""
+        return (self,)
+
+    def skip(self, count: int) -> Segment:
+        """Without its first `count` samples."""
+        return Segment(self.shard, self.start + count, self.stop)
+
 
 @dataclass(frozen=True)
 class Mix:
@@ -73,6 +81,7 @@ class Mix:
         return self.window()[0]
 
     def skip(self, count: int) -> Mix:
+        """Without its first `count` samples: the run starts later in the same merged order."""
         return Mix(self.shards, self.counts, self.seed, self.begin + count, self.end)
 
 

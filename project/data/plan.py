@@ -76,8 +76,7 @@ class WorkerPlan:
     @property
     def segments(self) -> tuple[Segment, ...]:
         """Every shard slice the plan reads (a mixed group's as one per shard), without empty ones."""
-        segments = (s for part in self.parts for s in (part.segments() if isinstance(part, Mix) else (part,)))
-        return tuple(segment for segment in segments if len(segment))
+        return tuple(segment for part in self.parts for segment in part.segments() if len(segment))
 
     @property
     def nsamples(self) -> int:
@@ -107,23 +106,15 @@ def shard_order(nshards: int, seed: int, epoch: int, shuffle: bool) -> list[int]
 
 
 def slice_stream(counts: Sequence[int], order: Sequence[int], begin: int, end: int) -> tuple[Segment, ...]:
-    """Segments covering positions [begin, end) of the stream made by reading shards in `order`."""
-    segments, position = [], 0
-    for shard in order:
-        low, high = max(begin, position), min(end, position + counts[shard])
-        if low < high:
-            segments.append(Segment(shard, low - position, high - position))
-        position += counts[shard]
-        if position >= end:
-            break
-    return tuple(segments)
+    """Segments covering positions [begin, end) of the stream made by reading shards in `order`, one by one."""
+    return slice_groups(counts, [(shard,) for shard in order], [0] * len(order), begin, end)
 
 
 def slice_groups(
     counts: Sequence[int], groups: Sequence[Sequence[int]], seeds: Sequence[int], begin: int, end: int
 ) -> tuple[Part, ...]:
     """The parts covering positions [begin, end) of the stream made by the groups' merged orders end to end
-    (a group of one shard is a plain `Segment`)."""
+    (a group of one shard is a plain `Segment`: its merged order is the shard's own)."""
     parts, position = [], 0
     for group, seed in zip(groups, seeds, strict=True):
         size = sum(counts[shard] for shard in group)
@@ -264,10 +255,7 @@ def skip_samples(parts: Sequence[Part], count: int) -> tuple[Part, ...]:
         if count >= len(part):
             count -= len(part)
             continue
-        if isinstance(part, Mix):
-            kept.append(part.skip(count))
-        else:
-            kept.append(Segment(part.shard, part.start + count, part.stop))
+        kept.append(part.skip(count))
         count = 0
     return tuple(kept)
 

@@ -56,7 +56,7 @@ class PartReader:
         after another, so each lane gets its own opener and a share of the read-ahead budget."""
         lanes: list[list[str]] = []
         for part in parts:
-            segments = part.segments() if isinstance(part, Mix) else (part,)
+            segments = part.segments()
             lanes += [[] for _ in range(len(segments) - len(lanes))]
             for lane, segment in enumerate(segments):
                 if len(segment):
