@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -336,3 +338,11 @@ def test_a_model_on_hashed_ngrams_exports_with_the_features_definition(text_data
     ids = HashedNGrams(4096, report["tokenizer"]["max_tokens"]).ids("the pasta was not great")
     (logits,) = session.run(None, {"tokens": ids[None]})
     assert logits.shape == (1, 8) and np.isfinite(logits).all()
+
+
+def test_the_tokenizer_command_runs_without_python_s_double_import_warning():
+    """`python -m project.tasks.text.tokenizer`: the package must not import the module before runpy runs it
+    (a RuntimeWarning, and two copies of the module, before the lazy imports of project/tasks/text)."""
+    command = [sys.executable, "-W", "error::RuntimeWarning", "-m", "project.tasks.text.tokenizer", "--help"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
