@@ -72,3 +72,58 @@ def test_adamw_is_fused_on_a_cpu_and_not_under_fp16_s_gradient_scaler():
     assert fused_adam([{"params": [torch.zeros(2, device="meta", requires_grad=True)]}], None) is None
     optimizer = ImageClassifier(num_classes=3, width=4, schedule="constant", warmup_fraction=0).configure_optimizers()
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.param_groups[0]["fused"] is True
+
+
+def test_squared_hinge_with_the_l2_penalty_finds_linear_svc_s_solution():
+    """The text default's objective, mean squared hinge + ||w||^2 / (2 C N), is LinearSVC's (one-vs-rest
+    squared hinge, the intercept penalised as liblinear does): minimised, it gives the same weights."""
+    svm = pytest.importorskip("sklearn.svm")
+    from project.tasks.classifier import squared_hinge
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(120, 6, generator=generator, dtype=torch.float64)
+    y = (x[:, :3] + 0.7 * torch.randn(120, 3, generator=generator, dtype=torch.float64)).argmax(1)
+    C = 0.5
+    reference = svm.LinearSVC(C=C, tol=1e-10, max_iter=100_000).fit(x.numpy(), y.numpy())
+    linear = torch.nn.Linear(6, 3, dtype=torch.float64)
+    optimizer = torch.optim.LBFGS(
+        linear.parameters(), max_iter=500, tolerance_grad=1e-12, line_search_fn="strong_wolfe"
+    )
+
+    def objective() -> torch.Tensor:
+        optimizer.zero_grad()
+        penalty = sum(p.square().sum() for p in linear.parameters()) / (2 * C * len(x))
+        loss = squared_hinge(linear(x), y).double() + penalty
+        loss.backward()
+        return loss
+
+    optimizer.step(objective)
+    assert torch.allclose(linear.weight, torch.from_numpy(reference.coef_), atol=2e-3)
+    assert torch.allclose(linear.bias, torch.from_numpy(reference.intercept_), atol=2e-3)
+    # by hand: a sample of class 0 scored (2, 0.5, -3) costs (1-2)+ ^2 + (1+0.5)^2 + (1-3)+ ^2 = 2.25
+    assert squared_hinge(torch.tensor([[2.0, 0.5, -3.0]]), torch.tensor([0])).item() == pytest.approx(2.25)
+
+
+def test_l2_c_puts_a_penalty_scaled_by_the_training_split_on_every_parameter_and_steps_with_adam():
+    from types import SimpleNamespace
+
+    from project.errors import UserError
+    from project.tasks.text import TextClassifier
+
+    shards = {"train": [SimpleNamespace(nsamples=300), SimpleNamespace(nsamples=100)]}
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(shards=shards.get), precision="32-true")
+    model = TextClassifier(encoder="bag", vocab_size=50, dim=8, schedule="constant", warmup_fraction=0, l2_c=2.0)
+    model._trainer = trainer
+    optimizer = model.configure_optimizers()
+    assert type(optimizer) is torch.optim.Adam  # coupled decay: AdamW's decoupled one minimises another loss
+    assert {group["weight_decay"] for group in optimizer.param_groups} == {1 / (2.0 * 400)}
+    assert sum(len(group["params"]) for group in optimizer.param_groups) == len(list(model.parameters()))
+    plain = TextClassifier(encoder="bag", vocab_size=50, dim=8, schedule="constant", warmup_fraction=0)
+    assert type(plain.configure_optimizers()) is torch.optim.AdamW  # without l2_c, as before
+    model._trainer = SimpleNamespace(datamodule=None, precision="32-true")
+    with pytest.raises(UserError, match="training split's size"):
+        model.configure_optimizers()
+    with pytest.raises(UserError, match="l2_c must be positive"):
+        TextClassifier(encoder="bag", vocab_size=50, dim=8, l2_c=0)
+    with pytest.raises(UserError, match="label_smoothing"):
+        TextClassifier(encoder="bag", vocab_size=50, dim=8, loss="squared_hinge", label_smoothing=0.1)

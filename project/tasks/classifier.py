@@ -23,6 +23,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from project.callbacks.media import log_image, media_loggers
+from project.errors import UserError
 from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
 
 PER_CLASS_SCALARS_UP_TO = 100  # more classes than this: per-class accuracy only in the confusion matrix
@@ -89,6 +90,8 @@ class Classifier(L.LightningModule):
             yield
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.hparams.get("loss", "cross_entropy") == "squared_hinge":
+            return squared_hinge(logits, targets)
         return F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
 
     def score(self, stage: str, logits: torch.Tensor, labels: torch.Tensor, loss: torch.Tensor | None = None):
@@ -130,8 +133,15 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):  # noqa: ANN201
         groups = self.parameter_groups()
+        if (l2_c := self.hparams.get("l2_c")) is not None:
+            # an L2 penalty ||w||^2 / (2 C N) on every parameter, as scikit-learn's C: coupled weight decay, which
+            # Adam and SGD add to the gradient (AdamW's decoupled decay would not minimise the penalised loss)
+            penalty = 1.0 / (l2_c * training_samples(self._trainer))
+            groups = [{**group, "weight_decay": penalty} for group in groups]
         if self.hparams.optimizer == "sgd":
             optimizer = torch.optim.SGD(groups, lr=self.hparams.lr, momentum=self.hparams.momentum, nesterov=True)
+        elif l2_c is not None:
+            optimizer = torch.optim.Adam(groups, lr=self.hparams.lr, fused=fused_adam(groups, self._trainer))
         else:
             optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, fused=fused_adam(groups, self._trainer))
         if self.hparams.schedule == "constant" and self.hparams.warmup_fraction == 0:
@@ -144,6 +154,21 @@ class Classifier(L.LightningModule):
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def squared_hinge(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """One-vs-rest squared hinge, summed over classes and averaged over the batch: the loss of scikit-learn's
+    LinearSVC. Each class's score is pushed above 1 for its own samples and below -1 for the others."""
+    signs = torch.full_like(logits, -1.0).scatter_(1, targets[:, None], 1.0)
+    return (1 - signs * logits.float()).clamp(min=0).square().sum(1).mean()
+
+
+def training_samples(trainer: Any) -> int:
+    """The training split's samples (after data.fraction): N of an L2 penalty scaled as scikit-learn's C."""
+    data = getattr(trainer, "datamodule", None)
+    if data is None or not hasattr(data, "shards"):
+        raise UserError("model.l2_c scales its penalty by the training split's size: fit with a ShardDataModule")
+    return max(1, sum(shard.nsamples for shard in data.shards("train")))
 
 
 NO_DECAY_NAMES = ("pos_embed", "class_token", "relative_position", "embedding", "embeddings")

@@ -53,11 +53,19 @@ class TextClassifier(Classifier):
         encoder_lr_factor: the encoder's learning rate relative to the head's; by default 1, and 0.1 for
             a pretrained encoder (fine-tuning moves its weights less than the new head's).
         momentum: SGD momentum.
-        weight_decay: weight decay of weights; norms, biases and embeddings get none.
+        weight_decay: AdamW's (decoupled) weight decay of weights; norms, biases and embeddings get none.
+            Ignored when l2_c is set.
         schedule: learning-rate schedule after `warmup_fraction` of linear warmup: cosine, onecycle or
             constant (see project/tasks/classifier.py).
         warmup_fraction: share of the steps spent warming up.
         label_smoothing: cross-entropy label smoothing.
+        loss: cross_entropy, or squared_hinge (one-vs-rest, the loss of a linear SVM: scikit-learn's LinearSVC).
+            On a few thousand real texts the hinge's margin generalises where cross-entropy keeps pushing
+            confident examples (benchmarks/README.md, "Text on real data"). Its scores are not probabilities:
+            predict's softmax of them ranks classes, but is not calibrated.
+        l2_c: an L2 penalty on every parameter (embeddings and biases included) with scikit-learn's C: the
+            loss gets ||w||^2 / (2 * l2_c * N), N the training texts, so one value suits 2,000 texts and
+            50,000. Smaller is stronger. It replaces weight_decay; Adam (not AdamW) then takes the steps.
     """
 
     def __init__(
@@ -86,8 +94,14 @@ class TextClassifier(Classifier):
         schedule: Literal["cosine", "onecycle", "constant"] = "cosine",
         warmup_fraction: float = 0.1,
         label_smoothing: float = 0.0,
+        loss: Literal["cross_entropy", "squared_hinge"] = "cross_entropy",
+        l2_c: float | None = None,
     ) -> None:
         super().__init__()
+        if l2_c is not None and not l2_c > 0:
+            raise UserError(f"model.l2_c must be positive (smaller is a stronger penalty), got {l2_c}")
+        if loss == "squared_hinge" and label_smoothing:
+            raise UserError("model.label_smoothing applies to cross_entropy, not squared_hinge: set one of them")
         self.save_hyperparameters()
         if pretrained is not None:
             if tokenizer_hash is not None and tokenizer_hash == HashedNGrams.fingerprint(vocab_size):
