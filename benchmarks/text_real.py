@@ -26,6 +26,7 @@ CONFIG = ROOT / "configs" / "text" / "default.yaml"
 BPE = ["--data.tokenizer=null", "--data.max_tokens=256", "--data.bucket_by_size=true", "--model.pooling=mean"]
 BPE += ["--data.batch_size=32"]
 CROSS_ENTROPY = ["--model.loss=cross_entropy", "--model.l2_c=null", "--model.weight_decay=0"]  # AdamW, no penalty
+BPE += ["--model.idf=false"]  # idf weighs the bag of hashed n-grams only
 VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE tokens, with cross-entropy
     "default": [],
     "cross-entropy": [*CROSS_ENTROPY, "--model.lr=0.003"],  # the default's model and data, the loss before

@@ -3,16 +3,20 @@ tokenized in the DataLoader workers with the tokenizer trained on the training s
 
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from project.data.datamodule import ShardDataModule, check_positive
 from project.data.remote import is_remote
-from project.data.samples import Sample
+from project.data.samples import Sample, read_samples
 from project.data.stream import ShardStream
 from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
@@ -164,6 +168,27 @@ class TextShards(ClassNames, ShardDataModule):
         # resolved here, once: the workers' copies get them without reading an index or hashing a file
         self.classes, self.tokenizer_hash, self.pad_id  # noqa: B018
         return super().stream(split)
+
+    def document_frequencies(self) -> tuple[np.ndarray, int]:
+        """How many training texts hold each id (as the workers encode them, truncated, without token dropout),
+        and how many texts were read: model.idf's weights. A sample training would skip is skipped."""
+        frequencies, texts = np.zeros(self.vocab_size, np.int64), 0
+        shards = self.shards("train")
+        columns = (TextColumn("idf: counting ids in the training texts"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("idf", total=sum(shard.nsamples for shard in shards))
+            for shard in shards:
+                with contextlib.closing(
+                    read_samples(shard.url, stop=shard.nsamples, extensions=self.extensions)
+                ) as samples:
+                    for sample in samples:
+                        progress.advance(task)
+                        with contextlib.suppress(DecodeError):
+                            frequencies[
+                                np.unique(self.tokenizer.encode(self.text_and_label(sample, "train")[0]).ids)
+                            ] += 1
+                            texts += 1
+        return frequencies, texts
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids (padding left out), for reports."""

@@ -21,9 +21,13 @@ def masked_mean(states: torch.Tensor, mask: torch.Tensor, root: bool = False) ->
 class BagEncoder(nn.Module):
     """The pooled token embeddings (padding left out): fast, and blind to word order. With `root` pooling and
     `data.tokenizer: hashed` it is fastText on word and character n-grams: a low-rank linear model of the
-    features the linear baseline reads, so it starts near zero as a linear model does."""
+    features the linear baseline reads, so it starts near zero as a linear model does.
 
-    def __init__(self, vocab_size: int, dim: int, pad_id: int, root: bool = False) -> None:
+    With `idf`, each id's embedding is weighed by its inverse document frequency in the training split (set by
+    `set_idf` before training, then kept in the checkpoint as a buffer), and root pooling divides by the root
+    of the weights' squares: the TF-IDF vector, L2-normalised, that the baseline reads."""
+
+    def __init__(self, vocab_size: int, dim: int, pad_id: int, root: bool = False, idf: bool = False) -> None:
         super().__init__()
         self.dim, self.root = dim, root
         self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
@@ -31,9 +35,25 @@ class BagEncoder(nn.Module):
             nn.init.normal_(self.embedding.weight, 0, 0.01)
             with torch.no_grad():
                 self.embedding.weight[pad_id].zero_()
+        self.register_buffer("idf", torch.ones(vocab_size) if idf else None)  # None: not in the state dict
+        if idf:
+            self.register_buffer("idf_texts", torch.zeros((), dtype=torch.long))  # texts it was counted on
+
+    def set_idf(self, frequencies: torch.Tensor, texts: int) -> None:
+        """Weights from the training texts that hold each id: ln((1 + texts) / (1 + frequency)) + 1, as
+        scikit-learn's smoothed IDF."""
+        if self.idf is None:
+            raise UserError("this bag was built without model.idf")
+        self.idf.copy_(torch.log((1 + texts) / (1 + frequencies.to(self.idf))) + 1)
+        self.idf_texts.fill_(texts)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return masked_mean(self.embedding(tokens), mask, self.root)
+        if self.idf is None:
+            return masked_mean(self.embedding(tokens), mask, self.root)
+        weights = self.idf[tokens] * mask
+        total = weights.square().sum(1).sqrt() if self.root else weights.sum(1)
+        embedded = self.embedding(tokens)
+        return (embedded * weights.unsqueeze(-1).to(embedded.dtype)).sum(1) / total.clamp(min=1e-6).unsqueeze(-1)
 
 
 class NGramEncoder(nn.Module):

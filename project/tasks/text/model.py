@@ -45,6 +45,8 @@ class TextClassifier(Classifier):
         kernel: tokens each convolution spans (cnn).
         pooling: how bag pools its embeddings: mean, or root (their sum over the square root of their
             count: the scale of a TF-IDF vector; with data.tokenizer hashed, the strongest on real texts).
+        idf: weigh bag's ids by their inverse document frequency in the training split, counted in one pass
+            over it when a fit starts and kept in the checkpoint: with root pooling, TF-IDF as the baseline's.
         ngrams: the longest run of tokens embedded as one (ngrams; 1 is a bag of tokens).
         buckets: rows the token runs are hashed into (ngrams): more means fewer runs share a row.
         dropout: dropout in the encoder and before the head.
@@ -96,12 +98,17 @@ class TextClassifier(Classifier):
         label_smoothing: float = 0.0,
         loss: Literal["cross_entropy", "squared_hinge"] = "cross_entropy",
         l2_c: float | None = None,
+        idf: bool = False,
     ) -> None:
         super().__init__()
         if l2_c is not None and not l2_c > 0:
             raise UserError(f"model.l2_c must be positive (smaller is a stronger penalty), got {l2_c}")
         if loss == "squared_hinge" and label_smoothing:
             raise UserError("model.label_smoothing applies to cross_entropy, not squared_hinge: set one of them")
+        if idf and (encoder != "bag" or pretrained is not None):
+            raise UserError(
+                f"model.idf weighs the bag encoder's ids, not {pretrained or encoder}'s: set model.encoder=bag"
+            )
         self.save_hyperparameters()
         if pretrained is not None:
             if tokenizer_hash is not None and tokenizer_hash == HashedNGrams.fingerprint(vocab_size):
@@ -115,7 +122,7 @@ class TextClassifier(Classifier):
         elif encoder == "ngrams":
             self.encoder = NGramEncoder(vocab_size, dim, ngrams, buckets, pad_id)
         elif encoder == "bag":
-            self.encoder = BagEncoder(vocab_size, dim, pad_id, root=pooling == "root")
+            self.encoder = BagEncoder(vocab_size, dim, pad_id, root=pooling == "root", idf=idf)
         elif encoder == "cnn":
             self.encoder = ConvEncoder(vocab_size, dim, layers, kernel, dropout, pad_id)
         else:
@@ -124,6 +131,18 @@ class TextClassifier(Classifier):
         self.setup_metrics(num_classes)
         self.example_input_array = torch.full((2, 8), pad_id + 1 if pad_id == 0 else 0, dtype=torch.long)
         self._batch_logged = False
+
+    def setup(self, stage: str) -> None:
+        """Before a fit with model.idf: the ids' document frequencies, from the data module's training split."""
+        if stage != "fit" or not self.hparams.idf:
+            return
+        data = self.trainer.datamodule
+        if not hasattr(data, "document_frequencies"):
+            raise UserError("model.idf counts ids in the training split: fit with TextShards")
+        frequencies, texts = data.document_frequencies()
+        if len(frequencies) != self.hparams.vocab_size:
+            raise UserError(f"the data has {len(frequencies):,} ids and the model {self.hparams.vocab_size:,}")
+        self.encoder.set_idf(torch.from_numpy(frequencies), texts)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits for a batch of token ids [B, L], padded with `pad_id`."""
