@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from project.data.samples import read_samples
 from project.errors import UserError
 from project.shards.prepare import prepare
 from project.tasks.text import TextClassifier, TextShards, hashed
@@ -157,3 +159,71 @@ def test_a_bag_of_hashed_ngrams_learns_classes_that_show_only_in_spelling(texts)
             right += int((model(batch.tokens).argmax(1) == batch.label).sum())
             total += len(batch.label)
     assert total > 40 and right / total > 0.7, (right, total)  # chance: 0.25
+
+
+def test_document_frequencies_count_each_training_text_once_per_id_and_skip_what_training_skips(texts):
+    data = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, max_tokens=512, num_workers=0)
+    frequencies, read = data.document_frequencies()
+    expected = np.zeros(4096, np.int64)
+    shards = data.shards("train")
+    samples = [sample for shard in shards for sample in read_samples(shard.url, extensions=data.extensions)]
+    for sample in samples:
+        expected[np.unique(data.tokenizer.encode(sample["txt"].decode()).ids)] += 1
+    assert read == len(samples) == sum(shard.nsamples for shard in shards) and np.array_equal(frequencies, expected)
+    assert frequencies.max() <= read and frequencies[0] == 0  # padding is never a feature
+    half = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, max_tokens=512, fraction=0.5)
+    assert half.document_frequencies()[1] == sum(shard.nsamples for shard in half.shards("train")) < read
+
+
+def test_idf_pooling_is_the_l2_normalised_tf_idf_vector_times_the_table_and_ignores_padding():
+    from project.tasks.text.encoders import BagEncoder
+
+    torch.manual_seed(0)
+    bag = BagEncoder(vocab_size=10, dim=3, pad_id=0, root=True, idf=True)
+    bag.set_idf(torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0]), texts=4)
+    frequencies = torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0.0])
+    idf = (torch.log(torch.tensor(5.0) / (1 + frequencies)) + 1) * (frequencies >= 2)
+    assert torch.allclose(bag.idf, idf) and int(bag.idf_texts) == 4  # scikit-learn's smooth_idf, and its min_df 2
+    assert bag.idf[2] == 0 and bag.idf[1] == pytest.approx(1.0)  # id 2 is in one text only: it weighs nothing
+    tokens = torch.tensor([[1, 1, 2, 5, 0, 0], [4, 2, 0, 0, 0, 0]])
+    pooled = bag(tokens, tokens != 0)
+    tf = torch.zeros(2, 10)
+    tf[0, 1], tf[0, 2], tf[0, 5], tf[1, 4], tf[1, 2] = 2, 1, 1, 1, 1  # a repeated id: its term frequency
+    weighted = tf * idf
+    # the norm of the ids' weights position by position: exact where no id repeats (a repeat is round(1 + ln n))
+    norm = torch.stack([(idf[row[row != 0]] ** 2).sum().sqrt() for row in tokens])
+    assert torch.allclose(pooled, (weighted @ bag.embedding.weight) / norm[:, None], atol=1e-6)
+    assert torch.allclose(bag(tokens[1:, :2], tokens[1:, :2] != 0), pooled[1:], atol=1e-6)
+    assert "idf" not in BagEncoder(10, 3, 0, root=True).state_dict()  # without idf, checkpoints are as before
+
+
+def test_a_fit_with_idf_counts_the_training_split_and_keeps_the_weights_in_the_checkpoint(texts, tmp_path):
+    import lightning as L
+
+    data = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, batch_size=32, num_workers=0)
+    model = TextClassifier(
+        num_classes=len(data.classes),
+        vocab_size=4096,
+        encoder="bag",
+        pooling="root",
+        dim=8,
+        idf=True,
+        l2_c=3.0,
+        loss="squared_hinge",
+        schedule="constant",
+        warmup_fraction=0.0,
+    )
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=data)
+    frequencies, read = data.document_frequencies()
+    assert int(model.encoder.idf_texts) == read
+    counted = torch.from_numpy(frequencies).float()
+    assert torch.allclose(model.encoder.idf, (torch.log((1 + read) / (1 + counted)) + 1) * (counted >= 2))
+    path = tmp_path / "model.ckpt"
+    trainer.save_checkpoint(path)
+    loaded = TextClassifier.load_from_checkpoint(path)
+    assert torch.equal(loaded.encoder.idf, model.encoder.idf)  # predict, evaluate and export see the same weights
+    with pytest.raises(UserError, match="model.idf weighs the bag encoder's ids, not cnn's: add --model.idf=false"):
+        TextClassifier(encoder="cnn", idf=True)
+    with pytest.raises(UserError, match="not a pretrained encoder's: add --model.idf=false --data.tokenizer=null"):
+        TextClassifier(encoder="bag", idf=True, pretrained=str(tmp_path))  # refused before the folder is read

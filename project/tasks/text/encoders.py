@@ -9,6 +9,8 @@ from torch import nn
 
 from project.errors import UserError
 
+MIN_DF = 2  # training texts an id must be in to weigh anything (model.idf)
+
 
 def masked_mean(states: torch.Tensor, mask: torch.Tensor, root: bool = False) -> torch.Tensor:
     """The mean of `states` [B, L, D] over the positions where `mask` [B, L] is true; with `root`, their sum
@@ -41,10 +43,12 @@ class BagEncoder(nn.Module):
 
     def set_idf(self, frequencies: torch.Tensor, texts: int) -> None:
         """Weights from the training texts that hold each id: ln((1 + texts) / (1 + frequency)) + 1, as
-        scikit-learn's smoothed IDF."""
+        scikit-learn's smoothed IDF, and 0 for an id in fewer than MIN_DF texts, as the baseline's min_df: an id
+        seen once cannot generalise, and one never seen (a test text's new words) would dilute the rest."""
         if self.idf is None:
             raise UserError("this bag was built without model.idf")
-        self.idf.copy_(torch.log((1 + texts) / (1 + frequencies.to(self.idf))) + 1)
+        frequencies = frequencies.to(self.idf)
+        self.idf.copy_((torch.log((1 + texts) / (1 + frequencies)) + 1) * (frequencies >= MIN_DF))
         self.idf_texts.fill_(texts)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -105,10 +105,13 @@ class TextClassifier(Classifier):
             raise UserError(f"model.l2_c must be positive (smaller is a stronger penalty), got {l2_c}")
         if loss == "squared_hinge" and label_smoothing:
             raise UserError("model.label_smoothing applies to cross_entropy, not squared_hinge: set one of them")
-        if idf and (encoder != "bag" or pretrained is not None):
+        if idf and pretrained is not None:
             raise UserError(
-                f"model.idf weighs the bag encoder's ids, not {pretrained or encoder}'s: set model.encoder=bag"
+                "model.idf weighs the bag encoder's ids, not a pretrained encoder's: add --model.idf=false "
+                "--data.tokenizer=null (configs/text/default.yaml sets model.idf: true and data.tokenizer: hashed)"
             )
+        if idf and encoder != "bag":
+            raise UserError(f"model.idf weighs the bag encoder's ids, not {encoder}'s: add --model.idf=false")
         self.save_hyperparameters()
         if pretrained is not None:
             if tokenizer_hash is not None and tokenizer_hash == HashedNGrams.fingerprint(vocab_size):
