@@ -13,9 +13,10 @@ sets need only apt's package lists, fetched once by `apt-get update -o Acquire::
   Debian's formatting undone (the leading space dropped, " ." lines made blank lines, wrapped lines joined;
   indented and bulleted lines kept on their own lines); label = the package's Section less any contrib/,
   non-free/ or non-free-firmware/ prefix. Descriptions whose long part is under 80 characters are dropped.
-- docs-2k, docs-10k and docs-tune-2k: docstrings of modules, classes and functions of DOCS_PACKAGES in this
-  interpreter's site-packages, read from the .py sources with `ast` (nothing is imported; vendored copies of
-  other projects are skipped); label = the top-level package; docstrings under 80 characters are dropped.
+- docs-2k, docs-10k, docs-tune-2k and docs-tune-10k (which holds docs-tune-2k): docstrings of modules, classes
+  and functions of DOCS_PACKAGES in this interpreter's site-packages, read from the .py sources with `ast`
+  (nothing is imported; vendored copies of other projects are skipped); label = the top-level package;
+  docstrings under 80 characters are dropped.
 
 Duplicates: of the texts that occur more than once, one copy is kept when all copies share a label, and none
 when the copies disagree (such a text cannot tell its class). Class rule: a set of n texts keeps the classes
@@ -64,7 +65,12 @@ SETS = {  # name, texts; a tune set names the sets (drawn before it) it is disjo
         ("debian-tune-5k", 5000, ("debian-2k", "debian-10k")),
         ("debian-50k", 50000, ()),
     ),
-    "docs": (("docs-2k", 2000, ()), ("docs-10k", 10000, ()), ("docs-tune-2k", 2000, ("docs-2k", "docs-10k"))),
+    "docs": (
+        ("docs-2k", 2000, ()),
+        ("docs-10k", 10000, ()),
+        ("docs-tune-2k", 2000, ("docs-2k", "docs-10k")),
+        ("docs-tune-10k", 10000, ("docs-2k", "docs-10k")),  # as large as a 10k report set; holds docs-tune-2k
+    ),
 }
 
 
