@@ -234,6 +234,11 @@ def test_the_text_task_has_its_own_search_space_and_the_image_task_keeps_the_def
     assert default_search(Config("mypackage.Model")) == DEFAULT_SEARCH
 
 
+def config_l2_c(folder: Path) -> float:
+    config = yaml.safe_load((folder / "logs" / "text" / "trial_0" / "config.yaml").read_text())
+    return config["model"]["init_args"]["l2_c"]
+
+
 @pytest.mark.slow
 def test_tune_runs_two_tiny_trials_of_the_text_task_with_its_search_space(text_data, tmp_path):
     args = [
@@ -251,7 +256,8 @@ def test_tune_runs_two_tiny_trials_of_the_text_task_with_its_search_space(text_d
     storage = f"sqlite:///{tmp_path / 'logs' / 'text' / 'study.db'}"
     trials = optuna.load_study(study_name="text", storage=storage).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
-    assert set(trials[0].params) == {"model.lr", "model.dim", "model.dropout", "data.token_dropout"}
+    assert set(trials[0].params) == {"model.lr", "model.dim", "model.dropout", "data.token_dropout", "model.l2_c"}
+    assert config_l2_c(tmp_path) == pytest.approx(trials[0].params["model.l2_c"])  # reached the model
     config = yaml.safe_load((tmp_path / "logs" / "text" / "trial_0" / "config.yaml").read_text())
     assert config["data"]["init_args"]["token_dropout"] == pytest.approx(trials[0].params["data.token_dropout"])
     assert (tmp_path / "logs" / "text" / "best.yaml").is_file()
