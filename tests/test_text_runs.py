@@ -268,3 +268,12 @@ def test_the_config_for_own_texts_trains_an_idf_weighted_bag_on_the_svm_objectiv
     evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] == pytest.approx(test)
     assert test >= 0.25  # 8 classes: chance is 0.125
+    out = tmp_path / "exported"  # the IDF weights travel into the ONNX graph: the export's parity check passes
+    exported = run_here(
+        "project.export", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--out={out}", cwd=tmp_path
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    fp32 = json.loads((out / "report.json").read_text())["variants"][0]
+    assert (out / "features.json").is_file() and fp32["name"] == "fp32" and fp32["counts"]["samples"] == 60
+    assert fp32["max_abs_diff"] < 1e-4 and fp32["top1_agreement"] == 1.0
+    assert fp32["accuracy"] == pytest.approx(test)  # the final weights, IDF included, as the run tested them
