@@ -1,4 +1,4 @@
-"""Train, then test the best checkpoint.
+"""Train, then test the best checkpoint (the last one when `callbacks.best_checkpoint` is null).
 
     python -m project.train [--config FILE]... [--section.key VALUE]... [--ckpt_path PATH]
 
