@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -169,25 +170,32 @@ class TextShards(ClassNames, ShardDataModule):
         self.classes, self.tokenizer_hash, self.pad_id  # noqa: B018
         return super().stream(split)
 
+    def read_texts(self, split: str) -> Iterator[tuple[str, int] | None]:
+        """Each sample of a split's shards as training reads it (data.fraction, the text's start, label checks):
+        its text and class index, or None for one that training would skip. The baseline and model.idf read
+        through it. Close it (contextlib.closing) when stopping early: the open shard is closed with it."""
+        for shard in self.shards(split):
+            with contextlib.closing(
+                read_samples(shard.url, stop=shard.nsamples, extensions=self.extensions)
+            ) as samples:
+                for sample in samples:
+                    try:
+                        yield self.text_and_label(sample, split)
+                    except DecodeError:
+                        yield None
+
     def document_frequencies(self) -> tuple[np.ndarray, int]:
         """How many training texts hold each id (as the workers encode them, truncated, without token dropout),
         and how many texts were read: model.idf's weights. A sample training would skip is skipped."""
         frequencies, texts = np.zeros(self.vocab_size, np.int64), 0
-        shards = self.shards("train")
         columns = (TextColumn("idf: counting ids in the training texts"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task("idf", total=sum(shard.nsamples for shard in shards))
-            for shard in shards:
-                with contextlib.closing(
-                    read_samples(shard.url, stop=shard.nsamples, extensions=self.extensions)
-                ) as samples:
-                    for sample in samples:
-                        progress.advance(task)
-                        with contextlib.suppress(DecodeError):
-                            frequencies[
-                                np.unique(self.tokenizer.encode(self.text_and_label(sample, "train")[0]).ids)
-                            ] += 1
-                            texts += 1
+            task = progress.add_task("idf", total=sum(shard.nsamples for shard in self.shards("train")))
+            for read in self.read_texts("train"):
+                progress.advance(task)
+                if read is not None:
+                    frequencies[np.unique(self.tokenizer.encode(read[0]).ids)] += 1
+                    texts += 1
         return frequencies, texts
 
     def detokenize(self, tokens: list[int]) -> str:

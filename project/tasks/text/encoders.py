@@ -12,12 +12,17 @@ from project.errors import UserError
 MIN_DF = 2  # training texts an id must be in to weigh anything (model.idf)
 
 
-def masked_mean(states: torch.Tensor, mask: torch.Tensor, root: bool = False) -> torch.Tensor:
+def masked_mean(
+    states: torch.Tensor, mask: torch.Tensor, root: bool = False, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """The mean of `states` [B, L, D] over the positions where `mask` [B, L] is true; with `root`, their sum
-    divided by the square root of their count (a bag of features scaled to about unit L2 norm, as TF-IDF is)."""
-    weights = mask.unsqueeze(-1).to(states.dtype)
-    count = weights.sum(1).clamp(min=1)
-    return (states * weights).sum(1) / (count.sqrt() if root else count)
+    divided by the square root of their count (a bag of features scaled to about unit L2 norm, as TF-IDF is).
+    With `weights` [B, L], the weighted mean, or with `root` the weighted sum over the root of the weights'
+    squares (the count is the case of weights 1)."""
+    weights = mask if weights is None else weights * mask
+    weights = weights.unsqueeze(-1).to(states.dtype)
+    total = weights.square().sum(1).sqrt() if root else weights.sum(1)
+    return (states * weights).sum(1) / total.clamp(min=1e-6)  # a text with no weight pools to zeros
 
 
 class BagEncoder(nn.Module):
@@ -52,12 +57,8 @@ class BagEncoder(nn.Module):
         self.idf_texts.fill_(texts)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.idf is None:
-            return masked_mean(self.embedding(tokens), mask, self.root)
-        weights = self.idf[tokens] * mask
-        total = weights.square().sum(1).sqrt() if self.root else weights.sum(1)
-        embedded = self.embedding(tokens)
-        return (embedded * weights.unsqueeze(-1).to(embedded.dtype)).sum(1) / total.clamp(min=1e-6).unsqueeze(-1)
+        weights = None if self.idf is None else self.idf[tokens]
+        return masked_mean(self.embedding(tokens), mask, self.root, weights)
 
 
 class NGramEncoder(nn.Module):

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from project.data.samples import read_samples
-from project.errors import DecodeError, UserError
+from project.errors import UserError
 from project.tasks.text.data import TextShards
 
 MAX_TEXT_CHARS = 20_000  # characters of a text the baseline reads: a long document's start decides its class
@@ -54,25 +53,20 @@ class LinearResult:
 def read_split(data: TextShards, split: str, limit: int | None = None, quiet: bool = False) -> Split:
     """Texts (their first MAX_TEXT_CHARS characters) and class indexes of a split, at most `limit` of them."""
     read = Split()
-    shards = data.shards(split)
-    total = sum(shard.nsamples for shard in shards)
+    total = sum(shard.nsamples for shard in data.shards(split))
     columns = (TextColumn(f"baseline: reading {split}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True) as progress:
+    progress = Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True)
+    with progress, contextlib.closing(data.read_texts(split)) as texts:
         task = progress.add_task(split, total=min(total, limit or total))
-        for shard in shards:
-            samples = read_samples(shard.url, stop=shard.nsamples, extensions=data.extensions)
-            with contextlib.closing(samples):
-                for sample in samples:
-                    if limit is not None and len(read.texts) >= limit:
-                        return read
-                    try:
-                        text, label = data.text_and_label(sample, split)
-                    except DecodeError:
-                        read.skipped += 1
-                        continue
-                    read.texts.append(text[:MAX_TEXT_CHARS])
-                    read.labels.append(label)
-                    progress.advance(task)
+        for item in texts:
+            if limit is not None and len(read.texts) >= limit:
+                break
+            if item is None:
+                read.skipped += 1
+                continue
+            read.texts.append(item[0][:MAX_TEXT_CHARS])
+            read.labels.append(item[1])
+            progress.advance(task)
     return read
 
 
