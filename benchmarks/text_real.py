@@ -30,6 +30,11 @@ BPE += ["--model.idf=false"]  # idf weighs the bag of hashed n-grams only
 VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE tokens, with cross-entropy
     "default": [],
     "cross-entropy": [*CROSS_ENTROPY, "--model.lr=0.003"],  # the default's model and data, the loss before
+    "fasttext": [
+        "--model.encoder=bag",
+        "--model.dim=64",
+        "--model.l2_c=3",
+    ],  # last round's default: a 64-wide bag, a low-rank model
     "ngrams": [*BPE, *CROSS_ENTROPY, "--model.encoder=ngrams", "--model.buckets=32768", "--model.dropout=0.5"],
     "cnn": [*BPE, *CROSS_ENTROPY, "--model.encoder=cnn", "--model.dim=128", "--model.lr=0.003", "--model.dropout=0.5"],
     "transformer": [

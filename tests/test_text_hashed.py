@@ -18,6 +18,7 @@ import torch
 from project.data.samples import read_samples
 from project.errors import UserError
 from project.shards.prepare import prepare
+from project.tasks.classifier import squared_hinge
 from project.tasks.text import TextClassifier, TextShards, hashed
 from project.tasks.text.hashed import HashedNGrams
 
@@ -161,6 +162,51 @@ def test_a_bag_of_hashed_ngrams_learns_classes_that_show_only_in_spelling(texts)
     assert total > 40 and right / total > 0.7, (right, total)  # chance: 0.25
 
 
+def test_the_linear_encoder_scores_each_class_by_the_l2_normalised_tf_idf_vector_and_a_bias(texts):
+    """encoder linear: one embedding column per class and a bias, no hidden layer: logits are the TF-IDF
+    vector times a [vocab, classes] matrix plus the bias, the model a linear SVM's with squared_hinge."""
+    from project.tasks.text.model import Bias
+
+    torch.manual_seed(0)
+    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True, dim=64)
+    assert model.encoder.embedding.weight.shape == (10, 3) and isinstance(model.head, Bias)  # dim is not used
+    assert sum(p.numel() for p in model.parameters()) == 10 * 3 + 3
+    frequencies = torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0])
+    model.encoder.set_idf(frequencies, texts=4)
+    with torch.no_grad():
+        model.head.bias.copy_(torch.tensor([0.5, -1.0, 2.0]))
+    tokens = torch.tensor([[1, 4, 5, 0], [5, 0, 0, 0]])
+    idf = model.encoder.idf
+    tfidf = torch.zeros(2, 10)
+    tfidf[0, [1, 4, 5]], tfidf[1, 5] = idf[[1, 4, 5]], idf[5]
+    tfidf = tfidf / tfidf.norm(dim=1, keepdim=True)
+    expected = tfidf @ model.encoder.embedding.weight + model.head.bias
+    assert torch.allclose(model(tokens), expected, atol=1e-6)
+
+    # trained with squared hinge and the penalty, it learns classes that show only in spelling, as bag does
+    data = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, batch_size=32, num_workers=0)
+    model = TextClassifier(
+        num_classes=len(data.classes),
+        vocab_size=data.vocab_size,
+        encoder="linear",
+        pooling="root",
+        loss="squared_hinge",
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.03)
+    for _ in range(8):
+        for batch in data.loader("train"):
+            loss = squared_hinge(model(batch.tokens), batch.label)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    right = total = 0
+    with torch.no_grad():
+        for batch in data.loader("val"):
+            right += int((model(batch.tokens).argmax(1) == batch.label).sum())
+            total += len(batch.label)
+    assert total > 40 and right / total > 0.7, (right, total)  # chance: 0.25
+
+
 def test_document_frequencies_count_each_training_text_once_per_id_and_skip_what_training_skips(texts):
     data = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, max_tokens=512, num_workers=0)
     frequencies, read = data.document_frequencies()
@@ -223,7 +269,7 @@ def test_a_fit_with_idf_counts_the_training_split_and_keeps_the_weights_in_the_c
     trainer.save_checkpoint(path)
     loaded = TextClassifier.load_from_checkpoint(path)
     assert torch.equal(loaded.encoder.idf, model.encoder.idf)  # predict, evaluate and export see the same weights
-    with pytest.raises(UserError, match="model.idf weighs the bag encoder's ids, not cnn's: add --model.idf=false"):
+    with pytest.raises(UserError, match="model.idf weighs the ids of bag or linear, not cnn's: add --model.idf=false"):
         TextClassifier(encoder="cnn", idf=True)
     with pytest.raises(UserError, match="not a pretrained encoder's: add --model.idf=false --data.tokenizer=null"):
         TextClassifier(encoder="bag", idf=True, pretrained=str(tmp_path))  # refused before the folder is read

@@ -246,11 +246,12 @@ def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, m
     assert (unmasked - padded)[shorter].abs().max().item() > 1e-4, "the check is live: padding counts unmasked"
 
 
-def test_the_config_for_own_texts_trains_an_idf_weighted_bag_on_the_svm_objective_and_tests_the_final_weights(
+def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and_tests_the_final_weights(
     root, tmp_path
 ):
-    """configs/text/default.yaml: hashed n-grams in a root-pooled, IDF-weighted bag, squared hinge with the L2
-    penalty, its 10 epochs run out, and the final weights tested (there is no best.ckpt)."""
+    """configs/text/default.yaml: hashed n-grams, root-pooled and IDF-weighted, in a linear model (one column
+    per class), squared hinge with the L2 penalty, its 10 epochs run out, and the final weights tested (there is
+    no best.ckpt)."""
     args = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     result = run_here("project.train", *args, *quiet, "--data.batch_size=16", cwd=tmp_path)
@@ -259,8 +260,9 @@ def test_the_config_for_own_texts_trains_an_idf_weighted_bag_on_the_svm_objectiv
     assert len(events(run).Scalars("val/acc")) == 10
     assert not (run / "checkpoints" / "best.ckpt").exists()
     final = TextClassifier.load_from_checkpoint(run / "checkpoints" / "last.ckpt")
-    assert final.hparams.encoder == "bag" and isinstance(final.encoder, BagEncoder) and final.encoder.root
-    assert final.hparams.loss == "squared_hinge" and final.hparams.l2_c == 3.0
+    assert final.hparams.encoder == "linear" and isinstance(final.encoder, BagEncoder) and final.encoder.root
+    assert final.encoder.embedding.weight.shape == (final.hparams.vocab_size, 8)  # a column per class: no head
+    assert final.hparams.loss == "squared_hinge" and final.hparams.l2_c == 1.0
     assert final.hparams.tokenizer_hash == HashedNGrams.fingerprint(final.hparams.vocab_size)
     idf = final.encoder.idf
     assert int(final.encoder.idf_texts) == 480 and idf[0] == 0 and idf[idf > 0].min() >= 1 and idf.max() > 3

@@ -17,6 +17,18 @@ from project.tasks.text.hashed import HashedNGrams
 from project.tasks.text.pretrained import PretrainedEncoder
 
 TABLE_ROWS = 16  # texts of the first training batch shown in TensorBoard
+BAGS = ("bag", "linear")  # the encoders that pool their ids' embeddings, and so can weigh them by IDF
+
+
+class Bias(nn.Module):
+    """linear's head: a bias per class added to the pooled embeddings, which are already the class scores."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(num_classes))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features + self.bias
 
 
 class TextClassifier(Classifier):
@@ -30,26 +42,28 @@ class TextClassifier(Classifier):
         max_tokens: the longest input (linked from the data): the positional table's length.
         tokenizer_hash: the sha256 of the tokenizer the model is trained with (linked from the data); a
             checkpoint loaded with data tokenized otherwise is refused.
-        encoder: bag (the pooled token embeddings: with data.tokenizer hashed and pooling root, fastText on
-            word and character n-grams, the strongest on a few thousand to tens of thousands of real texts),
-            ngrams (the mean of BPE token and hashed token n-gram embeddings), cnn (convolutions over
-            neighbouring tokens and a max over positions: sees local word order such as negation), or
-            transformer (a small pre-norm encoder with mean pooling: sees the whole text's order, slow to
-            train from scratch).
+        encoder: linear (one embedding column per class and no hidden layer: with data.tokenizer hashed,
+            pooling root, idf and squared_hinge, a linear SVM on TF-IDF n-grams, the strongest on a few thousand
+            to tens of thousands of real texts; its table holds vocab_size x num_classes weights), bag (the
+            pooled token embeddings, dim wide, and a linear head: fastText, a low-rank linear model), ngrams
+            (the mean of BPE token and hashed token n-gram embeddings), cnn (convolutions over neighbouring
+            tokens and a max over positions: sees local word order such as negation), or transformer (a small
+            pre-norm encoder with mean pooling: sees the whole text's order, slow to train from scratch).
         pretrained: a local folder holding a Hugging Face encoder (config.json and weights, e.g. a
             DistilBERT saved with save_pretrained) to fine-tune instead; the data is tokenized with the
             folder's own tokenizer unless data.tokenizer names another. Nothing is downloaded.
-        dim: width of the embeddings and of the encoder.
+        dim: width of the embeddings and of the encoder (linear's is num_classes).
         layers: convolution or transformer layers.
         heads: attention heads of each transformer layer.
         kernel: tokens each convolution spans (cnn).
-        pooling: how bag pools its embeddings: mean, or root (their sum over the square root of their
-            count: the scale of a TF-IDF vector; with data.tokenizer hashed, the strongest on real texts).
-        idf: weigh bag's ids by their inverse document frequency in the training split, counted in one pass
-            over it when a fit starts and kept in the checkpoint: with root pooling, TF-IDF as the baseline's.
+        pooling: how bag and linear pool their embeddings: mean, or root (their sum over the square root of
+            their count: the scale of a TF-IDF vector; with data.tokenizer hashed, the strongest on real texts).
+        idf: weigh the ids of bag or linear by their inverse document frequency in the training split, counted
+            in one pass over it when a fit starts and kept in the checkpoint: with root pooling, TF-IDF as the
+            baseline's.
         ngrams: the longest run of tokens embedded as one (ngrams; 1 is a bag of tokens).
         buckets: rows the token runs are hashed into (ngrams): more means fewer runs share a row.
-        dropout: dropout in the encoder and before the head.
+        dropout: dropout in the encoder and before the head (linear has neither).
         optimizer: adamw, or sgd with Nesterov momentum.
         lr: peak learning rate (of the head).
         encoder_lr_factor: the encoder's learning rate relative to the head's; by default 1, and 0.1 for
@@ -78,7 +92,7 @@ class TextClassifier(Classifier):
         pad_id: int = 0,
         max_tokens: int = 128,
         tokenizer_hash: str | None = None,
-        encoder: Literal["ngrams", "cnn", "transformer", "bag"] = "cnn",
+        encoder: Literal["ngrams", "cnn", "transformer", "bag", "linear"] = "cnn",
         pretrained: str | None = None,
         dim: int = 128,
         layers: int = 2,
@@ -107,11 +121,11 @@ class TextClassifier(Classifier):
             raise UserError("model.label_smoothing applies to cross_entropy, not squared_hinge: set one of them")
         if idf and pretrained is not None:
             raise UserError(
-                "model.idf weighs the bag encoder's ids, not a pretrained encoder's: add --model.idf=false "
+                "model.idf weighs the ids of bag or linear, not a pretrained encoder's: add --model.idf=false "
                 "--data.tokenizer=null (configs/text/default.yaml sets model.idf: true and data.tokenizer: hashed)"
             )
-        if idf and encoder != "bag":
-            raise UserError(f"model.idf weighs the bag encoder's ids, not {encoder}'s: add --model.idf=false")
+        if idf and encoder not in BAGS:
+            raise UserError(f"model.idf weighs the ids of bag or linear, not {encoder}'s: add --model.idf=false")
         self.save_hyperparameters()
         if pretrained is not None:
             if tokenizer_hash is not None and tokenizer_hash == HashedNGrams.fingerprint(vocab_size):
@@ -124,13 +138,17 @@ class TextClassifier(Classifier):
                 self.encoder.check_tokenizer(tokenizer_hash, vocab_size)
         elif encoder == "ngrams":
             self.encoder = NGramEncoder(vocab_size, dim, ngrams, buckets, pad_id)
-        elif encoder == "bag":
-            self.encoder = BagEncoder(vocab_size, dim, pad_id, root=pooling == "root", idf=idf)
+        elif encoder in BAGS:
+            width = num_classes if encoder == "linear" else dim
+            self.encoder = BagEncoder(vocab_size, width, pad_id, root=pooling == "root", idf=idf)
         elif encoder == "cnn":
             self.encoder = ConvEncoder(vocab_size, dim, layers, kernel, dropout, pad_id)
         else:
             self.encoder = TransformerEncoder(vocab_size, dim, layers, heads, dropout, max_tokens, pad_id)
-        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.dim, num_classes))
+        if encoder == "linear" and pretrained is None:  # the pooled embeddings are the class scores
+            self.head = Bias(num_classes)
+        else:
+            self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.dim, num_classes))
         self.setup_metrics(num_classes)
         self.example_input_array = torch.full((2, 8), pad_id + 1 if pad_id == 0 else 0, dtype=torch.long)
         self._batch_logged = False
