@@ -27,14 +27,12 @@ BPE = ["--data.tokenizer=null", "--data.max_tokens=256", "--data.bucket_by_size=
 BPE += ["--data.batch_size=32"]
 CROSS_ENTROPY = ["--model.loss=cross_entropy", "--model.l2_c=null", "--model.weight_decay=0"]  # AdamW, no penalty
 BPE += ["--model.idf=false"]  # idf weighs the bag of hashed n-grams only
+LAST_ROUND = ["--model.dim=64", "--model.lr=0.01"]  # what the default set until it trained the linear encoder
+BPE += LAST_ROUND  # cnn and transformer set their own after these
 VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE tokens, with cross-entropy
     "default": [],
     "cross-entropy": [*CROSS_ENTROPY, "--model.lr=0.003"],  # the default's model and data, the loss before
-    "fasttext": [
-        "--model.encoder=bag",
-        "--model.dim=64",
-        "--model.l2_c=3",
-    ],  # last round's default: a 64-wide bag, a low-rank model
+    "fasttext": [*LAST_ROUND, "--model.encoder=bag", "--model.l2_c=3"],  # last round's default: a 64-wide bag
     "ngrams": [*BPE, *CROSS_ENTROPY, "--model.encoder=ngrams", "--model.buckets=32768", "--model.dropout=0.5"],
     "cnn": [*BPE, *CROSS_ENTROPY, "--model.encoder=cnn", "--model.dim=128", "--model.lr=0.003", "--model.dropout=0.5"],
     "transformer": [
