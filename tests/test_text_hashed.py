@@ -162,7 +162,7 @@ def test_a_bag_of_hashed_ngrams_learns_classes_that_show_only_in_spelling(texts)
     assert total > 40 and right / total > 0.7, (right, total)  # chance: 0.25
 
 
-def test_the_linear_encoder_scores_each_class_by_the_l2_normalised_tf_idf_vector_and_a_bias(texts):
+def test_the_linear_encoder_scores_each_class_by_the_l2_normalised_tf_idf_vector_and_a_bias(texts, monkeypatch):
     """encoder linear: one embedding column per class and a bias, no hidden layer: logits are the TF-IDF
     vector times a [vocab, classes] matrix plus the bias, the model a linear SVM's with squared_hinge."""
     from project.tasks.text.model import Bias
@@ -182,6 +182,10 @@ def test_the_linear_encoder_scores_each_class_by_the_l2_normalised_tf_idf_vector
     tfidf = tfidf / tfidf.norm(dim=1, keepdim=True)
     expected = tfidf @ model.encoder.embedding.weight + model.head.bias
     assert torch.allclose(model(tokens), expected, atol=1e-6)
+
+    with monkeypatch.context() as patch, pytest.warns(UserWarning, match=r"10 ids x 3 classes = 30 weights .*bag"):
+        patch.setattr("project.tasks.text.model.LARGE_LINEAR", 29)  # a table past it is costed in one warning
+        TextClassifier(num_classes=3, vocab_size=10, encoder="linear")
 
     # trained with squared hinge and the penalty, it learns classes that show only in spelling, as bag does
     data = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, batch_size=32, num_workers=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from project.callbacks.media import log_text, media_loggers
@@ -18,6 +19,7 @@ from project.tasks.text.pretrained import PretrainedEncoder
 
 TABLE_ROWS = 16  # texts of the first training batch shown in TensorBoard
 BAGS = ("bag", "linear")  # the encoders that pool their ids' embeddings, and so can weigh them by IDF
+LARGE_LINEAR = 1 << 26  # weights of linear's table past which a run is told what it costs (256 MiB in float32)
 
 
 class Bias(nn.Module):
@@ -44,11 +46,12 @@ class TextClassifier(Classifier):
             checkpoint loaded with data tokenized otherwise is refused.
         encoder: linear (one embedding column per class and no hidden layer: with data.tokenizer hashed,
             pooling root, idf and squared_hinge, a linear SVM on TF-IDF n-grams, the strongest on a few thousand
-            to tens of thousands of real texts; its table holds vocab_size x num_classes weights), bag (the
-            pooled token embeddings, dim wide, and a linear head: fastText, a low-rank linear model), ngrams
-            (the mean of BPE token and hashed token n-gram embeddings), cnn (convolutions over neighbouring
-            tokens and a max over positions: sees local word order such as negation), or transformer (a small
-            pre-norm encoder with mean pooling: sees the whole text's order, slow to train from scratch).
+            to tens of thousands of real texts; its table holds vocab_size x num_classes weights, and a run
+            is warned past 2^26), bag (the pooled token embeddings, dim wide, and a linear head: fastText, a
+            low-rank linear model), ngrams (the mean of BPE token and hashed token n-gram embeddings), cnn
+            (convolutions over neighbouring tokens and a max over positions: sees local word order such as
+            negation), or transformer (a small pre-norm encoder with mean pooling: sees the whole text's order,
+            slow to train from scratch).
         pretrained: a local folder holding a Hugging Face encoder (config.json and weights, e.g. a
             DistilBERT saved with save_pretrained) to fine-tune instead; the data is tokenized with the
             folder's own tokenizer unless data.tokenizer names another. Nothing is downloaded.
@@ -140,6 +143,12 @@ class TextClassifier(Classifier):
             self.encoder = NGramEncoder(vocab_size, dim, ngrams, buckets, pad_id)
         elif encoder in BAGS:
             width = num_classes if encoder == "linear" else dim
+            if encoder == "linear" and vocab_size * num_classes > LARGE_LINEAR:
+                rank_zero_warn(
+                    f"model.encoder linear holds {vocab_size:,} ids x {num_classes:,} classes = "
+                    f"{vocab_size * num_classes:,} weights (x4 with the gradient and Adam's moments): "
+                    "fewer data.hash_buckets, or encoder bag (model.dim wide), would be smaller"
+                )
             self.encoder = BagEncoder(vocab_size, width, pad_id, root=pooling == "root", idf=idf)
         elif encoder == "cnn":
             self.encoder = ConvEncoder(vocab_size, dim, layers, kernel, dropout, pad_id)
