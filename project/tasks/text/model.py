@@ -130,6 +130,7 @@ class TextClassifier(Classifier):
         if idf and encoder not in BAGS:
             raise UserError(f"model.idf weighs the ids of bag or linear, not {encoder}'s: add --model.idf=false")
         self.save_hyperparameters()
+        linear = encoder == "linear" and pretrained is None  # a pretrained encoder keeps its own width and a head
         if pretrained is not None:
             if tokenizer_hash is not None and tokenizer_hash == HashedNGrams.fingerprint(vocab_size):
                 raise UserError(
@@ -142,8 +143,8 @@ class TextClassifier(Classifier):
         elif encoder == "ngrams":
             self.encoder = NGramEncoder(vocab_size, dim, ngrams, buckets, pad_id)
         elif encoder in BAGS:
-            width = num_classes if encoder == "linear" else dim
-            if encoder == "linear" and vocab_size * num_classes > LARGE_LINEAR:
+            width = num_classes if linear else dim
+            if linear and vocab_size * num_classes > LARGE_LINEAR:
                 rank_zero_warn(
                     f"model.encoder linear holds {vocab_size:,} ids x {num_classes:,} classes = "
                     f"{vocab_size * num_classes:,} weights (x4 with the gradient and Adam's moments): "
@@ -154,7 +155,7 @@ class TextClassifier(Classifier):
             self.encoder = ConvEncoder(vocab_size, dim, layers, kernel, dropout, pad_id)
         else:
             self.encoder = TransformerEncoder(vocab_size, dim, layers, heads, dropout, max_tokens, pad_id)
-        if encoder == "linear" and pretrained is None:  # the pooled embeddings are the class scores
+        if linear:  # the pooled embeddings are the class scores
             self.head = Bias(num_classes)
         else:
             self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.dim, num_classes))
