@@ -31,6 +31,7 @@ LAST_ROUND = ["--model.dim=64", "--model.lr=0.01"]  # what the default set until
 BPE += LAST_ROUND  # cnn and transformer set their own after these
 VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE tokens, with cross-entropy
     "default": [],
+    "linear-svm": ["--model.nb=false"],  # the default without NB's ratios: a plain linear SVM (the round before's)
     "cross-entropy": [*CROSS_ENTROPY, "--model.lr=0.003"],  # the default's model and data, the loss before
     "fasttext": [*LAST_ROUND, "--model.encoder=bag", "--model.l2_c=3"],  # last round's default: a 64-wide bag
     "ngrams": [*BPE, *CROSS_ENTROPY, "--model.encoder=ngrams", "--model.buckets=32768", "--model.dropout=0.5"],

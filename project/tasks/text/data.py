@@ -184,17 +184,23 @@ class TextShards(ClassNames, ShardDataModule):
                     except DecodeError:
                         yield None
 
-    def document_frequencies(self) -> tuple[np.ndarray, int]:
+    def document_frequencies(self, by_class: bool = False) -> tuple[np.ndarray, int]:
         """How many training texts hold each id (as the workers encode them, truncated, without token dropout),
-        and how many texts were read: model.idf's weights. A sample training would skip is skipped."""
-        frequencies, texts = np.zeros(self.vocab_size, np.int64), 0
+        and how many texts were read: model.idf's weights. With `by_class`, the counts per class, [ids, classes]
+        (model.nb's ratios; their sum over classes is the total). A sample training would skip is skipped."""
+        shape = (self.vocab_size, self.num_classes) if by_class else (self.vocab_size,)
+        frequencies, texts = np.zeros(shape, np.int64), 0
         columns = (TextColumn("idf: counting ids in the training texts"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("idf", total=sum(shard.nsamples for shard in self.shards("train")))
             for read in self.read_texts("train"):
                 progress.advance(task)
                 if read is not None:
-                    frequencies[np.unique(self.tokenizer.encode(read[0]).ids)] += 1
+                    ids = np.unique(self.tokenizer.encode(read[0]).ids)
+                    if by_class:
+                        frequencies[ids, read[1]] += 1
+                    else:
+                        frequencies[ids] += 1
                     texts += 1
         return frequencies, texts
 

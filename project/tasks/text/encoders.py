@@ -10,6 +10,7 @@ from torch import nn
 from project.errors import UserError
 
 MIN_DF = 2  # training texts an id must be in to weigh anything (model.idf)
+NB_ALPHA = 0.25  # model.nb's smoothing: counts added to each id's in each class (0.25 to 1 tried; 0.25 the best)
 
 
 def masked_mean(
@@ -32,9 +33,15 @@ class BagEncoder(nn.Module):
 
     With `idf`, each id's embedding is weighed by its inverse document frequency in the training split (set by
     `set_idf` before training, then kept in the checkpoint as a buffer), and root pooling divides by the root
-    of the weights' squares: the TF-IDF vector, L2-normalised, that the baseline reads."""
+    of the weights' squares: the TF-IDF vector, L2-normalised, that the baseline reads.
 
-    def __init__(self, vocab_size: int, dim: int, pad_id: int, root: bool = False, idf: bool = False) -> None:
+    With `nb` (one column per class: encoder linear), each id's weight in each class's column is scaled by the
+    id's naive-Bayes log-count ratio for that class (set by `set_ratios`, kept as a buffer): NBSVM (Wang and
+    Manning, "Baselines and Bigrams", 2012), an SVM whose penalty spares the ids naive Bayes finds telling."""
+
+    def __init__(
+        self, vocab_size: int, dim: int, pad_id: int, root: bool = False, idf: bool = False, nb: bool = False
+    ) -> None:
         super().__init__()
         self.dim, self.root = dim, root
         self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
@@ -45,6 +52,7 @@ class BagEncoder(nn.Module):
         self.register_buffer("idf", torch.ones(vocab_size) if idf else None)  # None: not in the state dict
         if idf:
             self.register_buffer("idf_texts", torch.zeros((), dtype=torch.long))  # texts it was counted on
+        self.register_buffer("ratios", torch.ones(vocab_size, dim) if nb else None)
 
     def set_idf(self, frequencies: torch.Tensor, texts: int) -> None:
         """Weights from the training texts that hold each id: ln((1 + texts) / (1 + frequency)) + 1, as
@@ -56,9 +64,28 @@ class BagEncoder(nn.Module):
         self.idf.copy_((torch.log((1 + texts) / (1 + frequencies)) + 1) * (frequencies >= MIN_DF))
         self.idf_texts.fill_(texts)
 
+    def set_ratios(self, class_frequencies: torch.Tensor) -> None:
+        """Each id's log-count ratio per class, from the training texts of each class that hold it [vocab, dim]:
+        r = ln((p / |p|) / (q / |q|)), p the id's texts in the class and q in the others, each plus NB_ALPHA
+        (Wang and Manning's, with their binarized counts). An id as common in the class as outside it gets about
+        0: the class's score ignores it unless the data insists; a telling one is cheap to weigh."""
+        if self.ratios is None:
+            raise UserError("this bag was built without model.nb")
+        if class_frequencies.shape != self.ratios.shape:
+            raise UserError(
+                f"model.nb needs [ids, classes] counts {tuple(self.ratios.shape)}, got {tuple(class_frequencies.shape)}"
+            )
+        inside = class_frequencies.to(torch.float64) + NB_ALPHA
+        outside = class_frequencies.sum(1, keepdim=True).to(torch.float64) + 2 * NB_ALPHA - inside
+        ratios = (inside / inside.sum(0)).log() - (outside / outside.sum(0)).log()
+        self.ratios.copy_(ratios.to(self.ratios))
+
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         weights = None if self.idf is None else self.idf[tokens]
-        return masked_mean(self.embedding(tokens), mask, self.root, weights)
+        embeddings = self.embedding(tokens)
+        if self.ratios is not None:
+            embeddings = embeddings * self.ratios[tokens]
+        return masked_mean(embeddings, mask, self.root, weights)
 
 
 class NGramEncoder(nn.Module):
