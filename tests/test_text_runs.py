@@ -250,7 +250,7 @@ def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and
     root, tmp_path
 ):
     """configs/text/default.yaml: hashed n-grams, root-pooled and IDF-weighted, in a linear model (one column
-    per class), squared hinge with the L2 penalty, its 10 epochs run out, and the final weights tested (there is
+    per class, scaled by NB's ratios), squared hinge with the L2 penalty, its 10 epochs run out, and the final weights tested (there is
     no best.ckpt)."""
     args = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -266,6 +266,8 @@ def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and
     assert final.hparams.tokenizer_hash == HashedNGrams.fingerprint(final.hparams.vocab_size)
     idf = final.encoder.idf
     assert int(final.encoder.idf_texts) == 480 and idf[0] == 0 and idf[idf > 0].min() >= 1 and idf.max() > 3
+    ratios = final.encoder.ratios  # model.nb: each class's column scaled by the ids' log-count ratios
+    assert final.hparams.nb and ratios.shape == (final.hparams.vocab_size, 8) and ratios.std(1).max() > 0.5
     test = events(run).Scalars("test/acc")[-1].value
     evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] == pytest.approx(test)
@@ -274,7 +276,7 @@ def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and
     exported = run_here(
         "project.export", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--out={out}", cwd=tmp_path
     )
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert exported.returncode == 0, exported.stderr[-3000:]  # and the NB ratios
     fp32 = json.loads((out / "report.json").read_text())["variants"][0]
     assert (out / "features.json").is_file() and fp32["name"] == "fp32" and fp32["counts"]["samples"] == 60
     assert fp32["max_abs_diff"] < 1e-4 and fp32["top1_agreement"] == 1.0
