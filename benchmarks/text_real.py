@@ -2,13 +2,19 @@
 
     python benchmarks/text_corpora.py --out data/corpora            # build the sets first (offline)
     python benchmarks/text_real.py --corpora data/corpora --work data/text-real \
-        [--sets debian-2k,docs-2k] [--variants default cnn transformer bag] [--json results.jsonl]
+        [--sets debian-2k,docs-2k] [--variants default cnn transformer bag] [--json results.jsonl] \
+        [--split_seeds 0,1,2]
 
 For each set: `prepare --text` (80/10/10), `tokenizer`, `baseline`, then one training run per variant, each
 with configs/text/default.yaml and the variant's overrides, as a user would type them. A variant is a name
 from VARIANTS or `name:--key=value,--key=value`. Prints a markdown table row per set and variant: test
 accuracy, the baseline's, epochs run, wall time; the BPE's tokens per word and per byte come from the
 tokenizer's report. Steps that are done (a prepared set, a tokenizer, a baseline) are not redone.
+
+A 2k set's test split holds 200 texts, so one text is half a point and the split alone moves a model by
+several. `--split_seeds 0,1,2` splits each set again with `prepare --seed N` (in WORK/SET-splitN; 0 is the
+default split, in WORK/SET) and ends with each model's mean over the splits, and on how many it was at or above
+the baseline.
 """
 
 from __future__ import annotations
@@ -65,11 +71,12 @@ def scalars(run_folder: Path, tag: str) -> list[float]:
     return [event.value for event in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
 
 
-def prepared(corpora: Path, work: Path, name: str) -> tuple[Path, str]:
-    """The prepared set (prepare, tokenizer) and the tokenizer's report line."""
-    data = work / name
+def prepared(corpora: Path, work: Path, name: str, seed: int = 0) -> tuple[Path, str]:
+    """The prepared set (prepare, split by `seed`; tokenizer) and the tokenizer's report line."""
+    data = work / (f"{name}-split{seed}" if seed else name)
     if not (data / "train" / "shardindex.json").is_file():
-        run("project.shards.prepare", str(corpora / name / "texts.csv"), "--text=true", f"--out={data}", "--quiet=true")
+        source = str(corpora / name / "texts.csv")
+        run("project.shards.prepare", source, "--text=true", f"--seed={seed}", f"--out={data}", "--quiet=true")
     report = data / "tokenizer.txt"
     if not (data / "train" / "tokenizer.json").is_file() or not report.is_file():
         output, _ = run("project.tasks.text.tokenizer", str(data), "--quiet=true")
@@ -108,6 +115,13 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name, overrides.split(",")
 
 
+def seed_list(text: str) -> list[int]:
+    try:
+        return [int(seed) for seed in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds separated by commas, e.g. 0,1,2, not {text!r}") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpora", type=Path, default=ROOT / "data" / "corpora")
@@ -115,28 +129,43 @@ def main() -> None:
     parser.add_argument("--sets", default="debian-2k,debian-10k,debian-50k,docs-2k,docs-10k")
     parser.add_argument("--variants", nargs="+", default=["default", "cnn", "transformer", "bag"])
     parser.add_argument("--json", type=Path, help="append each result as a JSON line")
+    parser.add_argument("--split_seeds", default="0", type=seed_list, help="prepare's --seed of each split, e.g. 0,1,2")
     args = parser.parse_args()
     variants = [parse_variant(text) for text in args.variants]
+    seeds = args.split_seeds
     logs = args.work / "logs"
     print("| set | texts | model | test acc | ÷ baseline | epochs | wall s |\n|---|---|---|---|---|---|---|")
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (set, model): (its accuracy, the baseline's)
     for name in args.sets.split(","):
         if not (args.corpora / name / "texts.csv").is_file():
             sys.exit(f"no {args.corpora / name / 'texts.csv'}: build it with benchmarks/text_corpora.py")
-        data, tokenizer = prepared(args.corpora, args.work, name)
-        found, seconds = baseline(data, logs, name)
-        texts = sum(found["texts"].values())
-        base = found["test_acc"]
-        print(f"| {name} | {texts:,} | linear baseline | {base:.3f} | 1.00 | - | {seconds:.0f} |", flush=True)
-        rows = [{"set": name, "model": "baseline", "test_acc": base, "seconds": seconds, "tokenizer": tokenizer}]
-        for variant, overrides in variants:
-            result = train(data, logs, name, variant, overrides)
-            ratio = result["test_acc"] / base
-            line = f"| {name} | {texts:,} | {variant} | {result['test_acc']:.3f} | {ratio:.2f} |"
-            print(f"{line} {result['epochs']} | {result['seconds']:.0f} |", flush=True)
-            rows.append({"set": name, "model": variant, "overrides": overrides, **result})
-        if args.json:
-            with open(args.json, "a") as stream:
-                stream.writelines(json.dumps(row) + "\n" for row in rows)
+        for seed in seeds:
+            run_name = f"{name}-split{seed}" if seed else name
+            data, tokenizer = prepared(args.corpora, args.work, name, seed)
+            found, seconds = baseline(data, logs, run_name)
+            texts = sum(found["texts"].values())
+            base = found["test_acc"]
+            print(f"| {run_name} | {texts:,} | linear baseline | {base:.3f} | 1.00 | - | {seconds:.0f} |", flush=True)
+            rows = [{"set": name, "split_seed": seed, "model": "baseline", "test_acc": base, "seconds": seconds}]
+            rows[0]["tokenizer"] = tokenizer
+            results.setdefault((name, "linear baseline"), []).append((base, base))
+            for variant, overrides in variants:
+                result = train(data, logs, run_name, variant, overrides)
+                ratio = result["test_acc"] / base
+                line = f"| {run_name} | {texts:,} | {variant} | {result['test_acc']:.3f} | {ratio:.2f} |"
+                print(f"{line} {result['epochs']} | {result['seconds']:.0f} |", flush=True)
+                rows.append({"set": name, "split_seed": seed, "model": variant, "overrides": overrides, **result})
+                results.setdefault((name, variant), []).append((result["test_acc"], base))
+            if args.json:
+                with open(args.json, "a") as stream:
+                    stream.writelines(json.dumps(row) + "\n" for row in rows)
+    if len(seeds) > 1:
+        print(f"\nmeans over {len(seeds)} splits:\n| set | model | mean test acc | ÷ baseline's | at or above it |")
+        print("|---|---|---|---|---|")
+        for (name, model), pairs in results.items():
+            mean, base = (sum(pair[i] for pair in pairs) / len(pairs) for i in (0, 1))
+            above = sum(acc >= b for acc, b in pairs)
+            print(f"| {name} | {model} | {mean:.3f} | {mean / base:.3f} | {above} of {len(pairs)} |")
 
 
 if __name__ == "__main__":
