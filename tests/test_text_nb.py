@@ -83,7 +83,10 @@ def test_a_fit_with_nb_counts_each_class_once_and_keeps_the_ratios_in_the_checkp
     assert trainer.callback_metrics["val/acc"] > 0.7
 
 
-def test_nb_is_refused_where_there_is_no_column_per_class(tmp_path):
+def test_nb_is_refused_where_there_is_no_column_per_class_and_costed_where_the_table_is_large(tmp_path, monkeypatch):
+    monkeypatch.setattr("project.tasks.text.model.LARGE_LINEAR", 29)  # a large table is costed with its ratios
+    with pytest.warns(UserWarning, match=r"30 weights \(x5 with the gradient, Adam's moments and model.nb's ratios"):
+        TextClassifier(num_classes=3, vocab_size=10, encoder="linear", nb=True)
     with pytest.raises(UserError, match="encoder linear, not bag's: add --model.nb=false"):
         TextClassifier(encoder="bag", nb=True)
     with pytest.raises(UserError, match="not a pretrained encoder's: add --model.nb=false"):

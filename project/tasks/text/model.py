@@ -154,9 +154,14 @@ class TextClassifier(Classifier):
         elif encoder in BAGS:
             width = num_classes if linear else dim
             if linear and vocab_size * num_classes > LARGE_LINEAR:
+                copies = (
+                    "x5 with the gradient, Adam's moments and model.nb's ratios"
+                    if nb
+                    else "x4 with the gradient and Adam's moments"
+                )
                 rank_zero_warn(
                     f"model.encoder linear holds {vocab_size:,} ids x {num_classes:,} classes = "
-                    f"{vocab_size * num_classes:,} weights (x4 with the gradient and Adam's moments): "
+                    f"{vocab_size * num_classes:,} weights ({copies}): "
                     "fewer data.hash_buckets, or encoder bag (model.dim wide), would be smaller"
                 )
             self.encoder = BagEncoder(vocab_size, width, pad_id, root=pooling == "root", idf=idf, nb=nb)
