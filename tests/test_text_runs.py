@@ -250,8 +250,8 @@ def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and
     root, tmp_path
 ):
     """configs/text/default.yaml: hashed n-grams, root-pooled and IDF-weighted, in a linear model (one column
-    per class, scaled by NB's ratios), squared hinge with the L2 penalty, its 10 epochs run out, and the final weights tested (there is
-    no best.ckpt)."""
+    per class, scaled by NB's ratios), squared hinge with the L2 penalty, its 10 epochs run out, and the final
+    weights tested (there is no best.ckpt)."""
     args = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     result = run_here("project.train", *args, *quiet, "--data.batch_size=16", cwd=tmp_path)
