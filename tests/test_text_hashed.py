@@ -168,25 +168,40 @@ def test_a_bag_of_hashed_ngrams_learns_classes_that_show_only_in_spelling(texts)
     assert total > 40 and right / total > 0.7, (right, total)  # chance: 0.25
 
 
+def small_linear(**options) -> TextClassifier:
+    """encoder linear on 10 ids and 3 classes, with IDF counted on 4 texts and a bias of its own."""
+    torch.manual_seed(0)
+    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True, **options)
+    model.encoder.set_idf(torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0]), texts=4)
+    with torch.no_grad():
+        model.head.bias.copy_(torch.tensor([0.5, -1.0, 2.0]))
+    return model
+
+
+def tfidf_rows(tokens: torch.Tensor, idf: torch.Tensor) -> torch.Tensor:
+    """The L2-normalised TF-IDF vector of each row of ids (0 is padding; no id repeats within a row)."""
+    rows = torch.zeros(len(tokens), len(idf))
+    for row, ids in zip(rows, tokens, strict=True):
+        row[ids[ids != 0]] = idf[ids[ids != 0]]
+    return rows / rows.norm(dim=1, keepdim=True)
+
+
+def smoothed_idf(frequencies: np.ndarray, texts: int) -> torch.Tensor:
+    """scikit-learn's smooth IDF of ids counted in `texts` training texts, 0 below its min_df of 2."""
+    counted = torch.from_numpy(frequencies).float()
+    return (torch.log((1 + texts) / (1 + counted)) + 1) * (counted >= 2)
+
+
 def test_the_linear_encoder_scores_each_class_by_the_l2_normalised_tf_idf_vector_and_a_bias(texts, monkeypatch):
     """encoder linear: one embedding column per class and a bias, no hidden layer: logits are the TF-IDF
     vector times a [vocab, classes] matrix plus the bias, the model a linear SVM's with squared_hinge."""
     from project.tasks.text.model import Bias
 
-    torch.manual_seed(0)
-    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True, dim=64)
+    model = small_linear(dim=64)
     assert model.encoder.embedding.weight.shape == (10, 3) and isinstance(model.head, Bias)  # dim is not used
     assert sum(p.numel() for p in model.parameters()) == 10 * 3 + 3
-    frequencies = torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0])
-    model.encoder.set_idf(frequencies, texts=4)
-    with torch.no_grad():
-        model.head.bias.copy_(torch.tensor([0.5, -1.0, 2.0]))
     tokens = torch.tensor([[1, 4, 5, 0], [5, 0, 0, 0]])
-    idf = model.encoder.idf
-    tfidf = torch.zeros(2, 10)
-    tfidf[0, [1, 4, 5]], tfidf[1, 5] = idf[[1, 4, 5]], idf[5]
-    tfidf = tfidf / tfidf.norm(dim=1, keepdim=True)
-    expected = tfidf @ model.encoder.embedding.weight + model.head.bias
+    expected = tfidf_rows(tokens, model.encoder.idf) @ model.encoder.embedding.weight + model.head.bias
     assert torch.allclose(model(tokens), expected, atol=1e-6)
 
     with monkeypatch.context() as patch, pytest.warns(UserWarning, match=r"10 ids x 3 classes = 30 weights .*bag"):
@@ -262,8 +277,7 @@ def test_a_fit_with_idf_counts_the_training_split_and_keeps_the_weights_in_the_c
     trainer.fit(model, datamodule=data)
     frequencies, read = data.document_frequencies()
     assert int(model.encoder.idf_texts) == read
-    counted = torch.from_numpy(frequencies).float()
-    assert torch.allclose(model.encoder.idf, (torch.log((1 + read) / (1 + counted)) + 1) * (counted >= 2))
+    assert torch.allclose(model.encoder.idf, smoothed_idf(frequencies, read))
     path = tmp_path / "model.ckpt"
     trainer.save_checkpoint(path)
     loaded = TextClassifier.load_from_checkpoint(path)

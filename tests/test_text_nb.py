@@ -11,7 +11,12 @@ import torch
 from project.errors import UserError
 from project.tasks.text import TextClassifier, TextShards
 from project.tasks.text.encoders import NB_ALPHA, BagEncoder
-from tests.test_text_hashed import texts  # noqa: F401 - the fixture: 600 texts in four classes, as shards
+from tests.test_text_hashed import (
+    small_linear,
+    smoothed_idf,
+    texts,  # noqa: F401 - the fixture: 600 texts in four classes, as shards
+    tfidf_rows,
+)
 
 
 def test_ratios_are_the_log_count_ratios_of_each_class_against_the_rest():
@@ -33,20 +38,13 @@ def test_ratios_are_the_log_count_ratios_of_each_class_against_the_rest():
 
 
 def test_each_class_scores_the_tf_idf_vector_times_its_column_scaled_by_the_ratios():
-    torch.manual_seed(0)
-    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True, nb=True)
+    model = small_linear(nb=True)
     assert sum(p.numel() for p in model.parameters()) == 10 * 3 + 3  # the ratios are a buffer, not weights
-    model.encoder.set_idf(torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0]), texts=4)
     model.encoder.set_ratios(torch.randint(0, 5, (10, 3)))
-    with torch.no_grad():
-        model.head.bias.copy_(torch.tensor([0.5, -1.0, 2.0]))
     tokens = torch.tensor([[1, 4, 5, 0], [5, 0, 0, 0]])
-    idf = model.encoder.idf
-    tfidf = torch.zeros(2, 10)
-    tfidf[0, [1, 4, 5]], tfidf[1, 5] = idf[[1, 4, 5]], idf[5]
-    tfidf = tfidf / tfidf.norm(dim=1, keepdim=True)
     weights = model.encoder.embedding.weight * model.encoder.ratios
-    assert torch.allclose(model(tokens), tfidf @ weights + model.head.bias, atol=1e-6)
+    expected = tfidf_rows(tokens, model.encoder.idf) @ weights + model.head.bias
+    assert torch.allclose(model(tokens), expected, atol=1e-6)
 
 
 def test_a_fit_with_nb_counts_each_class_once_and_keeps_the_ratios_in_the_checkpoint(texts, tmp_path):  # noqa: F811
@@ -72,8 +70,7 @@ def test_a_fit_with_nb_counts_each_class_once_and_keeps_the_ratios_in_the_checkp
     expected = BagEncoder(4096, len(data.classes), 0, nb=True)
     expected.set_ratios(torch.from_numpy(by_class))
     assert torch.equal(model.encoder.ratios, expected.ratios)
-    counted = torch.from_numpy(total).float()
-    assert torch.allclose(model.encoder.idf, (torch.log((1 + read) / (1 + counted)) + 1) * (counted >= 2))
+    assert torch.allclose(model.encoder.idf, smoothed_idf(total, read))
     path = tmp_path / "model.ckpt"
     trainer.save_checkpoint(path)
     loaded = TextClassifier.load_from_checkpoint(path)

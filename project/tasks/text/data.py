@@ -197,10 +197,7 @@ class TextShards(ClassNames, ShardDataModule):
                 progress.advance(task)
                 if read is not None:
                     ids = np.unique(self.tokenizer.encode(read[0]).ids)
-                    if by_class:
-                        frequencies[ids, read[1]] += 1
-                    else:
-                        frequencies[ids] += 1
+                    frequencies[(ids, read[1]) if by_class else ids] += 1
                     texts += 1
         return frequencies, texts
 
