@@ -243,3 +243,27 @@ def test_redacted_text_hides_commands_and_credentials_wherever_they_stand():
     assert redact_text("--storage postgresql://tuner:pw@db:5432/optuna: refused") == (
         "--storage postgresql://***@db:5432/optuna: refused"
     )
+
+
+def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_one_line(tmp_path):
+    """A damaged or hostile checkpoint with a tensor of another shape (here model.nb's ratios, a buffer) stops in
+    one line naming it, where torch's load_state_dict would give a size-mismatch traceback; Lightning's loading,
+    evaluate, predict and export all call on_load_checkpoint first."""
+    import lightning as L
+
+    from project.tasks.text import TextClassifier
+
+    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True, nb=True)
+    checkpoint = {
+        "state_dict": {**model.state_dict(), "encoder.ratios": torch.ones(5, 3)},
+        "hyper_parameters": dict(model.hparams),
+        "pytorch-lightning_version": L.__version__,
+    }
+    torch.save(checkpoint, tmp_path / "bad.ckpt")
+    with pytest.raises(UserError, match=r"^the checkpoint's encoder.ratios is \(5, 3\) and this model's \(10, 3\)"):
+        TextClassifier.load_from_checkpoint(tmp_path / "bad.ckpt")
+    checkpoint["state_dict"]["encoder.ratios"] = torch.full((10, 3), 2.0)  # the right shapes load as before
+    torch.save(checkpoint, tmp_path / "good.ckpt")
+    assert torch.equal(
+        TextClassifier.load_from_checkpoint(tmp_path / "good.ckpt").encoder.ratios, torch.full((10, 3), 2.0)
+    )

@@ -112,6 +112,18 @@ class Classifier(L.LightningModule):
         self.log(f"{stage}/acc", accuracy, prog_bar=True, batch_size=size)
         return loss
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse, in one line, a checkpoint whose tensors do not fit this model (a damaged or hostile file, or one
+        of other settings): Lightning, evaluate, predict and export call this before loading the state dict, which
+        would stop with torch's size-mismatch traceback."""
+        state, own = checkpoint.get("state_dict"), self.state_dict()
+        for name, value in state.items() if isinstance(state, dict) else ():
+            if name in own and isinstance(value, torch.Tensor) and value.shape != own[name].shape:
+                raise UserError(
+                    f"the checkpoint's {name} is {tuple(value.shape)} and this model's {tuple(own[name].shape)}: "
+                    "it was trained with other settings, or the file is damaged"
+                )
+
     def on_test_epoch_end(self) -> None:
         """Per-class accuracy as scalars, and the confusion matrix as an image."""
         matrix = self.confusion.compute().cpu()  # identical on every rank

@@ -185,7 +185,7 @@ class TextClassifier(Classifier):
             return
         data = self.trainer.datamodule
         if not hasattr(data, "document_frequencies"):
-            raise UserError("model.idf counts ids in the training split: fit with TextShards")
+            raise UserError("model.idf and model.nb count ids in the training split: fit with TextShards")
         frequencies, texts = data.document_frequencies(by_class=nb)
         if len(frequencies) != self.hparams.vocab_size:
             raise UserError(f"the data has {len(frequencies):,} ids and the model {self.hparams.vocab_size:,}")
@@ -239,7 +239,8 @@ class TextClassifier(Classifier):
         return decay_groups("head", self.head, lr, decay) + decay_groups("encoder", self.encoder, lr * factor, decay)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint trained with another tokenizer than the data's: its ids would mean other words."""
+        """Refuse a checkpoint trained with another tokenizer than the data's (its ids would mean other words), or
+        whose tensors do not fit the model."""
         theirs = checkpoint.get("hyper_parameters", {}).get("tokenizer_hash")
         ours = self.hparams.tokenizer_hash
         if theirs and ours and theirs != ours:
@@ -247,3 +248,4 @@ class TextClassifier(Classifier):
                 f"the checkpoint was trained with another tokenizer (sha256 {theirs[:12]}…) than "
                 f"the data's ({ours[:12]}…): use the tokenizer.json it was trained with"
             )
+        super().on_load_checkpoint(checkpoint)  # and tensors of this model's shapes
