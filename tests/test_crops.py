@@ -1,7 +1,10 @@
-"""The batched training crop and flip: torchvision's box rule, its pixels within a tolerance, antialiasing when
-shrinking more than 2x, and the same output for the same seed (what exact resume rests on)."""
+"""The training crop and flip: torchvision's box rule, its pixels within a tolerance, antialiasing when shrinking
+more than 2x, the same output for the same seed (what exact resume rests on), and the image task cropping each
+training image as it decodes it."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -49,6 +52,45 @@ def test_boxes_follow_torchvisions_rule(height, width):
     (box,) = impossible.boxes(np.random.default_rng(0), np.array([height]), np.array([width]))
     i, j, hh, ww = v1.RandomResizedCrop.get_params(torch.zeros(3, height, width), [2.0, 3.0], [3 / 4, 4 / 3])
     assert tuple(box) == (i, j, hh, ww)
+
+
+@pytest.mark.parametrize(("height", "width"), [(32, 32), (375, 500), (500, 375), (40, 400), (7, 3)])
+def test_one_images_box_is_the_batch_rule_drawn_for_one(height, width):
+    """`box` (one image, plain floats) and `boxes` (many, numpy) are the same rule: from the same draws, the
+    same boxes; and the centered fallback is torchvision's."""
+    fast = CropFlip(32, (0.35, 1.0), (3 / 4, 4 / 3), 0.5)
+    draws = np.random.default_rng(1).random((200, 23))
+    for row in draws:
+        top, left, h, w = fast.box(height, width, row.tolist())
+        assert top >= 0 and left >= 0 and top + h <= height and left + w <= width and h > 0 and w > 0
+    fitted = [fast.box(height, width, row.tolist()) for row in draws]
+    log_ratio = np.log((3 / 4, 4 / 3))
+    replayed = iter([0.35 + 0.65 * draws[:, :10], log_ratio[0] + np.diff(log_ratio) * draws[:, 10:20]])
+    positions = iter([draws[:, 20], draws[:, 21]])
+    replay = SimpleNamespace(uniform=lambda *_: next(replayed), random=lambda *_: next(positions))
+    batch = fast.boxes(replay, np.full(200, height), np.full(200, width))  # numpy's draws, replayed
+    assert [tuple(box) for box in batch.tolist()] == fitted
+    impossible = CropFlip(32, (2.0, 3.0), (3 / 4, 4 / 3), 0.5)
+    i, j, hh, ww = v1.RandomResizedCrop.get_params(torch.zeros(3, height, width), [2.0, 3.0], [3 / 4, 4 / 3])
+    assert impossible.box(height, width, draws[0].tolist()) == (i, j, hh, ww)
+
+
+def test_the_image_task_crops_each_training_image_as_it_decodes_it():
+    """decode gives the training crop itself (size x size), the same pixels as cropping the whole decoded
+    images afterwards in the same order under the same seed; evaluation still decodes whole images."""
+    task = image_task(image_size=16, augment="light")
+    samples = [{"__key__": str(i), "__url__": "u", "jpg": jpeg(i * 20, size=24 + 3 * i), "cls": b"1"} for i in range(6)]
+    torch.manual_seed(3)
+    examples = [task.decode(sample, "train") for sample in samples]
+    assert all(example.pixels.shape == (3, 16, 16) for example in examples)
+    whole = [task.decode_pixels(sample, "train").pixels for sample in samples]
+    assert [image.shape[1] for image in whole] == [24 + 3 * i for i in range(6)]
+    torch.manual_seed(3)
+    expected = task.crop_flip([crops.hwc(image) for image in whole])
+    batch = task.collate(examples, "train")
+    assert torch.equal(batch.image, expected) and batch.image.is_contiguous(memory_format=torch.channels_last)
+    evaluation = task.decode(samples[5], "val").pixels
+    assert torch.equal(evaluation, task.decode_pixels(samples[5], "val").pixels) and evaluation.shape[1] > 16
 
 
 @pytest.mark.parametrize(("height", "width", "size"), [(32, 32, 32), (256, 256, 224), (375, 500, 224), (300, 300, 64)])

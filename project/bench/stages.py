@@ -6,11 +6,12 @@ CPU time counted (`time.thread_time`) around that stage only:
 
 - read: the tar members read and grouped by key into encoded samples (`PartReader`, the training plan's parts);
 - shuffle: the bounded buffer's permutation of those samples;
-- decode: the task's `decode` of each sample (the JPEG decoded near the training size, the label read);
-- crop: the batched crop, resize and flip of a batch's decoded images (`CropFlip`);
-- collate: the rest of the task's `collate` (the labels, the batch);
+- decode: each sample's image decoded (near the training size) and its label read (`ImageShards.decode_pixels`);
+- crop: its crop, resize and flip (`CropFlip.crop`), which `ImageShards.decode` runs right after decoding it;
+- collate: the task's `collate` (the labels, the batch);
 - hand-over: a batch put on a worker-to-trainer queue by a forked process and taken off it here, as a DataLoader
-  worker's batches reach the trainer (the tensors moved into shared memory, the pickle, the queue);
+  worker's batches reach the trainer (the pickle, the queue, the copy out of the worker's reused shared buffer,
+  project/data/shared.py);
 - the rest: the loader's CPU time per sample in the real epoch (main process and workers) less the stages above:
   what the processes cost beyond the stages (start, the stream's bookkeeping, waiting).
 """
@@ -25,10 +26,12 @@ from pathlib import Path
 import torch
 
 from project.data.reading import PartReader
+from project.data.shared import pooled_empty, start_pool
 from project.data.stream import ShardStream, shuffled
 from project.tasks.image.crops import hwc
 from project.tasks.image.data import ImageShards
 
+PREFETCH = 2  # the DataLoader's prefetch_factor: batches a worker has under way
 STAGES = ("read", "shuffle", "decode", "crop", "collate", "handover")
 SHOWN = {  # how the bench's table names them
     "read": "read tar and group by key",
@@ -72,29 +75,37 @@ def measure_stages(stream: ShardStream, module: ImageShards) -> tuple[dict[str, 
         for size in plan.batch_sizes:
             chunk = list(itertools.islice(samples, size))
             start = clock()
-            examples = [module.decode(sample, "train") for sample in chunk]
+            examples = [module.decode_pixels(sample, "train") for sample in chunk]
             costs["decode"] += clock() - start
-            crop = 0.0
             if module.crop_flip is not None:
-                images = [hwc(example.pixels) for example in examples]
                 start = clock()
-                module.crop_flip(images)
-                crop = clock() - start
+                examples = [
+                    example._replace(
+                        pixels=torch.from_numpy(module.crop_flip.crop(hwc(example.pixels))).permute(2, 0, 1)
+                    )
+                    for example in examples
+                ]
+                costs["crop"] += clock() - start
             start = clock()
-            batch = module.collate(examples, "train")
-            # collate crops again, as the loader does: what it costs beyond the crop is the rest of collating
-            costs["collate"] += max(0.0, clock() - start - crop)
-            costs["crop"] += crop
-            batches.append(batch)
+            batches.append(module.collate(examples, "train"))
+            costs["collate"] += clock() - start
     return costs, batches
 
 
-def _put_all(batches: list, queue, results, done) -> None:
-    start = time.process_time()
+def _put_all(batches: list, queue, results, done, prefetch) -> None:
+    torch.set_num_threads(1)  # as a DataLoader worker (a forked OpenMP pool would hang a large copy)
+    start_pool()  # this process hands its batches over as a DataLoader worker does
+    start, copying = time.process_time(), 0.0
     for batch in batches:
+        prefetch.acquire()  # at most PREFETCH batches under way, as a DataLoader asks of each worker
+        begin = time.thread_time()
+        pooled = pooled_empty(batch.image.shape)  # what collate writes into in a worker: not the hand-over
+        pooled.copy_(batch.image)
+        batch.image = pooled
+        copying += time.thread_time() - begin
         queue.put(batch)
     queue.put(None)
-    results.put(time.process_time() - start)
+    results.put(time.process_time() - start - copying)
     done.wait()  # a tensor's shared memory passes as a file descriptor that this process hands over when asked
 
 
@@ -104,8 +115,8 @@ def handover_seconds(batches: list) -> float:
     import torch.multiprocessing  # noqa: F401 - registers the tensor reductions (shared memory) with the pickler
 
     context = multiprocessing.get_context("fork")
-    queue, results, done = context.Queue(), context.Queue(), context.Event()
-    sender = context.Process(target=_put_all, args=(batches, queue, results, done))
+    queue, results, done, prefetch = context.Queue(), context.Queue(), context.Event(), context.Semaphore(PREFETCH)
+    sender = context.Process(target=_put_all, args=(batches, queue, results, done, prefetch))
     sender.start()
     received = 0.0
     while True:
@@ -115,6 +126,7 @@ def handover_seconds(batches: list) -> float:
         if batch is None:
             break
         del batch
+        prefetch.release()
     sent = results.get()
     done.set()
     sender.join()

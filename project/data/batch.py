@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from project.data.shared import Lease, leased
+
 INLINE_BYTES = 256 * 1024  # tensors up to this size cross from a worker inside the pickle, not through shared memory
 
 
@@ -48,7 +50,9 @@ class Batch:
         sent over a socket for each tensor (for a text batch of 64 that was more than tokenizing it)."""
         state = self.__dict__.copy()
         for name, value in state.items():
-            if (
+            if isinstance(value, torch.Tensor) and (lease := leased(value)) is not None:
+                state[name] = lease  # a worker's reused buffer, copied out and given back on receipt (shared.py)
+            elif (
                 isinstance(value, torch.Tensor)
                 and value.device.type == "cpu"
                 and value.layout == torch.strided
@@ -60,9 +64,14 @@ class Batch:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        leases = [value for value in state.values() if isinstance(value, Lease)]
         for name, value in state.items():
             if isinstance(value, _Inline):
                 state[name] = value.tensor()
+            elif isinstance(value, Lease):
+                state[name] = value.receive()
+        for lease in leases:  # after every copy: two fields may view one buffer
+            lease.release()
         self.__dict__.update(state)
 
     def pin_memory(self) -> Batch:

@@ -1,10 +1,14 @@
-"""The training crop and flip of a whole batch, at a fraction of torchvision's per-sample cost.
+"""The training crop and flip, at a fraction of torchvision's per-sample cost.
 
 torchvision's v2 `RandomResizedCrop` + `RandomHorizontalFlip` cost 100-400 us a sample, mostly Python and
 dispatch: each sample draws its box with up to ten tries of scalar torch ops, then resizes through a
-generic kernel. Here the boxes of the whole batch are drawn at once (numpy, the same rule as torchvision's
-`get_params`), and each crop is resized by OpenCV on a view of the decoded pixels: a few us at 32 px and
-about a third of torchvision's time at 224 (benchmarks/augment_cost.py).
+generic kernel. Here a sample's box and flip come from one draw of torch's generator (torchvision's rule,
+`get_params`, in plain floats), and the crop is resized by OpenCV on a view of the decoded pixels: a few us
+at 32 px and about a third of torchvision's time at 224 (benchmarks/augment_cost.py).
+
+The image task crops each training image right after decoding it, while its pixels are still in the CPU's
+cache (`ImageShards.decode`): 0.15 ms a photograph less than decoding a batch and then cropping it, and a
+worker holds one decoded photograph at a time instead of a batch of them (benchmarks/README.md).
 
 Resampling: bilinear while a crop shrinks by at most 2x (each output pixel still averages its 2x2
 neighbours, as torchvision's tensor resize did without antialiasing before 0.17), and OpenCV's area
@@ -13,6 +17,8 @@ generator, which the stream seeds per batch: the same crops on every run and aft
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -26,13 +32,15 @@ except ImportError:  # pragma: no cover - exercised by monkeypatching `cv2` to N
     cv2 = None
 
 AREA_BEYOND = 2.0  # shrink factor past which the area filter (antialiased) replaces bilinear
+TRIES = 10  # boxes drawn before the centered fallback, as torchvision's get_params
 
 
 class CropFlip:
-    """RandomResizedCrop(size, scale, ratio) then a horizontal flip with probability `flip`, for a batch.
+    """RandomResizedCrop(size, scale, ratio) then a horizontal flip with probability `flip`.
 
-    Call it with HWC uint8 RGB arrays (any sizes); it returns the uint8 batch [N, 3, size, size] in
-    channels-last memory (what the model's channels_last option wants, and no copy to make it NCHW).
+    `crop` takes one HWC uint8 RGB array (any size) and gives its size x size HWC crop. Called with a list of
+    them, it returns the uint8 batch [N, 3, size, size] in channels-last memory (what the model's
+    channels_last option wants, and no copy to make it NCHW): the same pixels as `crop` of each in turn.
     """
 
     def __init__(self, size: int, scale: tuple[float, float], ratio: tuple[float, float], flip: float) -> None:
@@ -74,17 +82,37 @@ class CropFlip:
         left = np.where(found, (generator.random(count) * (widths - w + 1)).astype(np.int64), (widths - w) // 2)
         return np.stack([top, left, h, w], axis=1)
 
+    def box(self, height: int, width: int, draws: list[float]) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of one image's crop from `2 * TRIES + 2` uniform draws in [0, 1):
+        torchvision's rule, as `boxes` draws it for many images at once."""
+        area, (low, high) = height * width, (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for attempt in range(TRIES):
+            target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * draws[attempt])
+            aspect = math.exp(low + (high - low) * draws[TRIES + attempt])
+            w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(draws[2 * TRIES] * (height - h + 1))
+                return top, int(draws[2 * TRIES + 1] * (width - w + 1)), h, w
+        # no try fits: the whole image, cropped to the nearest allowed aspect ratio, centered (torchvision's)
+        w = round(height * self.ratio[1]) if width / height > self.ratio[1] else width
+        h = round(width / self.ratio[0]) if width / height < self.ratio[0] else height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def crop(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """One HWC uint8 image's random crop, resized to size x size HWC (into `out` if given) and flipped
+        with probability `flip`; its box and flip are one draw of torch's default generator."""
+        draws = torch.rand(2 * TRIES + 3, dtype=torch.float64).tolist()
+        top, left, height, width = self.box(image.shape[0], image.shape[1], draws)
+        out = resize(image[top : top + height, left : left + width], self.size, out=out)
+        if draws[-1] < self.flip:
+            flip(out)
+        return out
+
     def __call__(self, images: list[np.ndarray]) -> torch.Tensor:
-        generator = np.random.default_rng(int(torch.randint(2**62, ())))  # from the batch's seeded generator
-        heights = np.array([image.shape[0] for image in images])
-        widths = np.array([image.shape[1] for image in images])
-        boxes = self.boxes(generator, heights, widths)
-        flips = generator.random(len(images)) < self.flip
+        """The crops of a batch of HWC images, in order: each as `crop` gives it."""
         out = np.empty((len(images), self.size, self.size, 3), dtype=np.uint8)
-        for row, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
-            resize(image[top : top + height, left : left + width], self.size, out=out[row])
-            if flips[row]:
-                flip(out[row])
+        for row, image in enumerate(images):
+            self.crop(image, out=out[row])
         return torch.from_numpy(out).permute(0, 3, 1, 2)
 
 

@@ -14,6 +14,7 @@ from torchvision.transforms import v2
 
 from project.data.datamodule import ShardDataModule, check_positive
 from project.data.samples import Sample
+from project.data.shared import pooled_empty
 from project.data.stream import ShardStream
 from project.errors import DecodeError
 from project.tasks.demos import build_once, uses_folder
@@ -119,8 +120,8 @@ class ImageShards(ClassNames, ShardDataModule):
     # -- in the DataLoader workers --------------------------------------------------------------------
 
     def decode(self, sample: Sample, stage: str) -> ImageExample:
-        """The sample's label and its pixels, or, with decode_on=device, its JPEG bytes. For predict the
-        label is optional (`NO_LABEL` when missing)."""
+        """The sample's label and its pixels (for training, already cropped and flipped), or, with
+        decode_on=device, its JPEG bytes. For predict the label is optional (`NO_LABEL` when missing)."""
         need_label = stage != "predict"
         if self.decode_on == "device":
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
@@ -133,8 +134,17 @@ class ImageShards(ClassNames, ShardDataModule):
                     except ValueError as error:
                         raise DecodeError.of(sample, error) from None
                 return ImageExample(label, jpeg=sample[extension], url=sample["__url__"])
+        example = self.decode_pixels(sample, stage)
+        if stage == "train" and self.crop_flip is not None:
+            # cropped now, while the decoded pixels are in the CPU's cache (crops.py)
+            cropped = self.crop_flip.crop(hwc(example.pixels))
+            return ImageExample(example.label, torch.from_numpy(cropped).permute(2, 0, 1))
+        return example
+
+    def decode_pixels(self, sample: Sample, stage: str) -> ImageExample:
+        """The sample's label and its whole decoded image (at a reduced JPEG scale where training allows)."""
         size = self.decode_sizes.get(stage, self.image_size)
-        image, label = decode_sample(sample, size, self.classes, need_label, self.max_image_pixels)
+        image, label = decode_sample(sample, size, self.classes, stage != "predict", self.max_image_pixels)
         return ImageExample(label, pixels(image))
 
     def collate(self, examples: list[ImageExample], stage: str) -> ImageBatch:
@@ -142,9 +152,9 @@ class ImageShards(ClassNames, ShardDataModule):
         decoded = [row for row, example in enumerate(examples) if example.pixels is not None]
         images = [examples[row].pixels for row in decoded]
         if images and stage == "train" and self.crop_flip is not None:
-            transformed = self.crop_flip([hwc(image) for image in images])
-            if self.train_rest is not None:
-                transformed = torch.stack([self.train_rest(image) for image in transformed])
+            # cropped and flipped by `decode`; the preset's other steps per image (ColorJitter, ...)
+            rest = self.train_rest
+            transformed = stack_channels_last([rest(image) for image in images] if rest is not None else images)
         else:
             transformed = transform_all(self.transforms[stage], images) if images else None
         label = torch.tensor([example.label for example in examples], dtype=torch.long)
@@ -173,6 +183,15 @@ class ImageShards(ClassNames, ShardDataModule):
         if skipped:
             self.record_skipped(skipped)
         return batch
+
+
+def stack_channels_last(images: list[torch.Tensor]) -> torch.Tensor:
+    """Same-sized uint8 CHW images as one [N, C, H, W] batch in channels-last memory; in a DataLoader worker,
+    in one of its reused shared buffers (project/data/shared.py)."""
+    channels, height, width = images[0].shape
+    out = pooled_empty((len(images), height, width, channels))
+    torch.stack([image.permute(1, 2, 0) for image in images], out=out)
+    return out.permute(0, 3, 1, 2)
 
 
 def ensure_demo(root: Path) -> None:
