@@ -72,7 +72,12 @@ def shuffled(
             order = order[np.argsort([sample_bytes(buffer[i]) for i in order], kind="stable")]
             groups = [order[start : start + bucket] for start in range(0, len(order), bucket)]
             order = np.concatenate([groups[g] for g in generator.permutation(len(groups))])
-        yield from (buffer[i] for i in order)
+        for i in order.tolist():
+            # let go of each sample as it leaves, and of the chunk before the next is read: the buffer's
+            # memory is then reused, never held twice (a fresh worker's new pages cost it CPU to zero)
+            sample, buffer[i] = buffer[i], None
+            yield sample
+        del buffer, sample
         chunk += 1
 
 
