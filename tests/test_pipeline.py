@@ -3,6 +3,7 @@ training epochs, bounded buffers, and clear errors for bad shards."""
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 
@@ -117,6 +118,33 @@ def test_shuffle_buffer_holds_at_most_its_size():
         out.append(item)
         held.append(pulled - len(out))
     assert max(held) < 8 and sorted(out) == list(range(100)) and out != list(range(100))
+
+
+def test_the_shuffle_buffer_lets_its_samples_go_as_they_leave_and_never_holds_two_chunks():
+    """Memory, not just the count pulled: a sample that has left the buffer is freed, and the next chunk is
+    read only after the last one's samples are let go (a worker's heap then reuses their pages)."""
+
+    class Item:  # a weakly referenceable sample
+        def __init__(self, number: int) -> None:
+            self.number = number
+
+    alive: weakref.WeakSet = weakref.WeakSet()
+    most = 0
+
+    def source():
+        nonlocal most
+        for i in range(100):
+            item = Item(i)
+            alive.add(item)
+            most = max(most, len(alive))  # as the buffer reads: the samples held then, this one included
+            yield item
+            del item
+
+    seen = []
+    for item in shuffled(source(), 8, seed=0):
+        seen.append(item.number)
+        del item
+    assert most <= 8 and sorted(seen) == list(range(100))
 
 
 def test_stale_index_is_a_clear_error(shard_folder):
