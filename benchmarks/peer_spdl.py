@@ -9,7 +9,7 @@ on a shared thread pool, with the decoding in `spdl.io` (FFmpeg), which releases
                            -> sink -> (images uint8 [B, 3, S, S], labels int64 [B], keys)
 
 The augmentation is the `light` preset's rule, the one every peer gets: a RandomResizedCrop box (70-100% of
-the area, aspect 3/4-4/3, torchvision's rule as `project.tasks.image.crops.CropFlip.boxes` draws it) and a
+the area, aspect 3/4-4/3, torchvision's rule as `project.tasks.image.crops.CropFlip.box` draws it) and a
 horizontal flip with p=0.5, here as FFmpeg filters applied while decoding, before the RGB conversion: SPDL's
 "Data Augmentation with Filters" (docs: io/filtering). Pipeline shape: its image_dataloading example
 (`.aggregate(batch_size).pipe(batch_decode, concurrency=num_threads)`, `build(num_threads=...)`).
@@ -37,7 +37,7 @@ from spdl.pipeline.defs import Aggregator
 from webdataset.tariterators import base_plus_ext
 
 from project.data.specs import resolve_shards
-from project.tasks.image.crops import CropFlip
+from project.tasks.image.crops import DRAWS, CropFlip
 from project.tasks.image.transforms import build_transform
 
 FFMPEG_PACKAGES = "libavutil57 libavcodec59 libavformat59 libavfilter8 libswscale6 libavdevice59"
@@ -102,10 +102,9 @@ class DecodeBatch:
         self.crop, self.size, self.seed = crop, size, seed
 
     def filters(self, packets: list, generator: np.random.Generator) -> list[str]:
-        heights = np.array([p.height for p in packets])
-        widths = np.array([p.width for p in packets])
-        boxes = self.crop.boxes(generator, heights, widths)
-        flips = generator.random(len(packets)) < self.crop.flip
+        draws = generator.random((len(packets), DRAWS)).tolist()
+        boxes = [self.crop.box(p.height, p.width, row) for p, row in zip(packets, draws, strict=True)]
+        flips = [row[-1] < self.crop.flip for row in draws]
         return [
             spdl.io.get_video_filter_desc(
                 filter_desc=f"crop=w={w}:h={h}:x={left}:y={top},scale=w={self.size}:h={self.size}:flags=bilinear"

@@ -7,7 +7,7 @@ CPU time counted (`time.thread_time`) around that stage only:
 - read: the tar members read and grouped by key into encoded samples (`PartReader`, the training plan's parts);
 - shuffle: the bounded buffer's permutation of those samples;
 - decode: each sample's image decoded (near the training size) and its label read (`ImageShards.decode_pixels`);
-- crop: its crop, resize and flip (`CropFlip.crop`), which `ImageShards.decode` runs right after decoding it;
+- crop: its crop, resize and flip (`ImageShards.train_crop`), which `decode` runs right after decoding it;
 - collate: the task's `collate` (the labels, the batch);
 - hand-over: a batch put on a worker-to-trainer queue by a forked process and taken off it here, as a DataLoader
   worker's batches reach the trainer (the pickle, the queue, the copy out of the worker's reused shared buffer,
@@ -28,7 +28,6 @@ import torch
 from project.data.reading import PartReader
 from project.data.shared import pooled_empty, start_pool
 from project.data.stream import ShardStream, shuffled
-from project.tasks.image.crops import hwc
 from project.tasks.image.data import ImageShards
 
 PREFETCH = 2  # the DataLoader's prefetch_factor: batches a worker has under way
@@ -79,12 +78,7 @@ def measure_stages(stream: ShardStream, module: ImageShards) -> tuple[dict[str, 
             costs["decode"] += clock() - start
             if module.crop_flip is not None:
                 start = clock()
-                examples = [
-                    example._replace(
-                        pixels=torch.from_numpy(module.crop_flip.crop(hwc(example.pixels))).permute(2, 0, 1)
-                    )
-                    for example in examples
-                ]
+                examples = [module.train_crop(example) for example in examples]
                 costs["crop"] += clock() - start
             start = clock()
             batches.append(module.collate(examples, "train"))

@@ -127,7 +127,7 @@ def pooled_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> to
     if pool is None:
         return torch.empty(shape, dtype=dtype)
     count = math.prod(shape)
-    storage = pool.take(count * torch.empty((), dtype=dtype).element_size())
+    storage = pool.take(count * dtype.itemsize)
     return torch.empty(0, dtype=dtype).set_(storage, 0, (count,)).view(shape)
 
 

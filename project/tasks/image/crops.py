@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - exercised by monkeypatching `cv2` to N
 
 AREA_BEYOND = 2.0  # shrink factor past which the area filter (antialiased) replaces bilinear
 TRIES = 10  # boxes drawn before the centered fallback, as torchvision's get_params
+DRAWS = 2 * TRIES + 3  # uniform draws an image's crop takes: its box's, then its flip's
 
 
 class CropFlip:
@@ -59,32 +60,9 @@ class CropFlip:
             flip, rest = rest[0].p, rest[1:]
         return cls(crop.size[0], crop.scale, crop.ratio, flip), (v2.Compose(rest) if rest else None)
 
-    def boxes(self, generator: np.random.Generator, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
-        """(top, left, height, width) per image: torchvision's rule, ten tries a box, drawn for all at once."""
-        count, tries = len(heights), 10
-        area = (heights * widths).astype(np.float64)[:, None]
-        target = area * generator.uniform(self.scale[0], self.scale[1], (count, tries))
-        log_ratio = np.log(self.ratio)
-        aspect = np.exp(generator.uniform(log_ratio[0], log_ratio[1], (count, tries)))
-        w = np.round(np.sqrt(target * aspect)).astype(np.int64)
-        h = np.round(np.sqrt(target / aspect)).astype(np.int64)
-        fits = (w > 0) & (w <= widths[:, None]) & (h > 0) & (h <= heights[:, None])
-        first = fits.argmax(axis=1)
-        rows = np.arange(count)
-        h, w = h[rows, first], w[rows, first]
-        # no try fits: the whole image, cropped to the nearest allowed aspect ratio, centered (torchvision's)
-        image_ratio = widths / heights
-        fallback_w = np.where(image_ratio > self.ratio[1], np.round(heights * self.ratio[1]), widths).astype(np.int64)
-        fallback_h = np.where(image_ratio < self.ratio[0], np.round(widths / self.ratio[0]), heights).astype(np.int64)
-        found = fits.any(axis=1)
-        h, w = np.where(found, h, fallback_h), np.where(found, w, fallback_w)
-        top = np.where(found, (generator.random(count) * (heights - h + 1)).astype(np.int64), (heights - h) // 2)
-        left = np.where(found, (generator.random(count) * (widths - w + 1)).astype(np.int64), (widths - w) // 2)
-        return np.stack([top, left, h, w], axis=1)
-
     def box(self, height: int, width: int, draws: list[float]) -> tuple[int, int, int, int]:
-        """(top, left, height, width) of one image's crop from `2 * TRIES + 2` uniform draws in [0, 1):
-        torchvision's rule, as `boxes` draws it for many images at once."""
+        """(top, left, height, width) of one image's crop from `DRAWS - 1` uniform draws in [0, 1) (a try's
+        area, then its aspect, for `TRIES` tries; then top and left): torchvision's rule, `get_params`."""
         area, (low, high) = height * width, (math.log(self.ratio[0]), math.log(self.ratio[1]))
         for attempt in range(TRIES):
             target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * draws[attempt])
@@ -101,7 +79,7 @@ class CropFlip:
     def crop(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """One HWC uint8 image's random crop, resized to size x size HWC (into `out` if given) and flipped
         with probability `flip`; its box and flip are one draw of torch's default generator."""
-        draws = torch.rand(2 * TRIES + 3, dtype=torch.float64).tolist()
+        draws = torch.rand(DRAWS, dtype=torch.float64).tolist()
         top, left, height, width = self.box(image.shape[0], image.shape[1], draws)
         out = resize(image[top : top + height, left : left + width], self.size, out=out)
         if draws[-1] < self.flip:

@@ -136,9 +136,7 @@ class ImageShards(ClassNames, ShardDataModule):
                 return ImageExample(label, jpeg=sample[extension], url=sample["__url__"])
         example = self.decode_pixels(sample, stage)
         if stage == "train" and self.crop_flip is not None:
-            # cropped now, while the decoded pixels are in the CPU's cache (crops.py)
-            cropped = self.crop_flip.crop(hwc(example.pixels))
-            return ImageExample(example.label, torch.from_numpy(cropped).permute(2, 0, 1))
+            return self.train_crop(example)  # now, while the decoded pixels are in the CPU's cache (crops.py)
         return example
 
     def decode_pixels(self, sample: Sample, stage: str) -> ImageExample:
@@ -146,6 +144,11 @@ class ImageShards(ClassNames, ShardDataModule):
         size = self.decode_sizes.get(stage, self.image_size)
         image, label = decode_sample(sample, size, self.classes, stage != "predict", self.max_image_pixels)
         return ImageExample(label, pixels(image))
+
+    def train_crop(self, example: ImageExample) -> ImageExample:
+        """A decoded training example with its image cropped, resized and flipped (`crop_flip`)."""
+        cropped = self.crop_flip.crop(hwc(example.pixels))
+        return example._replace(pixels=torch.from_numpy(cropped).permute(2, 0, 1))
 
     def collate(self, examples: list[ImageExample], stage: str) -> ImageBatch:
         """Transform the decoded images (as one batch when the transform is deterministic) and stack them."""
@@ -186,10 +189,10 @@ class ImageShards(ClassNames, ShardDataModule):
 
 
 def stack_channels_last(images: list[torch.Tensor]) -> torch.Tensor:
-    """Same-sized uint8 CHW images as one [N, C, H, W] batch in channels-last memory; in a DataLoader worker,
-    in one of its reused shared buffers (project/data/shared.py)."""
+    """Same-sized CHW images as one [N, C, H, W] batch in channels-last memory; in a DataLoader worker, in one of
+    its reused shared buffers (project/data/shared.py)."""
     channels, height, width = images[0].shape
-    out = pooled_empty((len(images), height, width, channels))
+    out = pooled_empty((len(images), height, width, channels), images[0].dtype)
     torch.stack([image.permute(1, 2, 0) for image in images], out=out)
     return out.permute(0, 3, 1, 2)
 
