@@ -13,6 +13,7 @@ A peer that is not installed raises `PeerMissing`, which the harness reports in 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import time
@@ -26,9 +27,14 @@ from project.bench.images import NaiveSample, webdataset_pipeline
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 
-LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder", "spdl")
+LOADERS = ("project", "project-threads", "webdataset", "litdata", "mosaic", "imagefolder", "spdl")
 PEER_PACKAGES = {"webdataset": "webdataset", "litdata": "litdata", "mosaic": "streaming", "spdl": "spdl"}
-SHARD_READERS = ("project", "webdataset", "spdl")  # read the tar shards themselves; the others, their own format
+SHARD_READERS = (
+    "project",
+    "project-threads",
+    "webdataset",
+    "spdl",
+)  # read the tar shards themselves; the others, their own format
 
 
 class PeerMissing(RuntimeError):
@@ -57,19 +63,28 @@ def Augment(size: int) -> Callable[[bytes | torch.Tensor], torch.Tensor]:  # noq
 
 
 def project_loader(
-    shards: Path, size: int, workers: int, batch_size: int, shuffle_buffer: int, seed: int, mix_shards: int = 32
+    shards: Path,
+    size: int,
+    workers: int,
+    batch_size: int,
+    shuffle_buffer: int,
+    seed: int,
+    mix_shards: int = 32,
+    threads: bool = False,
 ):
-    """This project's training loader: ImageShards with data.augment=light, as `project.train` builds it."""
+    """This project's training loader: ImageShards with data.augment=light, as `project.train` builds it;
+    `threads`: no worker process, `workers` decode threads in this one (data.num_workers 0, data.decode_threads)."""
     from project.data.workers import warm_forkserver
     from project.tasks import WORKER_MODULES
     from project.tasks.image.data import ImageShards
 
-    if workers:
+    if workers and not threads:
         warm_forkserver(WORKER_MODULES)  # its one-time start (imports) is the training process's, not the epoch's
     module = ImageShards(
         root=None,
         train=str(shards),
-        num_workers=workers,
+        num_workers=0 if threads else workers,
+        decode_threads=max(1, workers) if threads else 1,
         batch_size=batch_size,
         image_size=size,
         augment="light",
@@ -179,6 +194,7 @@ def spdl_loader(shards: Path, size: int, workers: int, batch_size: int, shuffle_
 
 BUILDERS: dict[str, Callable] = {
     "project": project_loader,
+    "project-threads": functools.partial(project_loader, threads=True),
     "webdataset": webdataset_loader,
     "litdata": litdata_loader,
     "mosaic": mosaic_loader,

@@ -14,7 +14,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from project.data.batch import Batch
 from project.data.files import is_plain_folder, pack_folder
@@ -53,6 +53,10 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
             the files the task reads (`predict_files`), packed once into shards in a temporary folder.
         batch_size: samples per batch on each device (the global batch is this × devices × nodes).
         num_workers: DataLoader worker processes per device that read, decode and augment.
+        decode_threads: threads of each loader process that decode and augment batches at once (the
+            workers, or the training process itself when num_workers is 0): num_workers 0 with
+            decode_threads 2 is one process, with no worker memory and no batch hand-over; the same
+            batches as one thread's (project/data/decode_threads.py).
         shuffle_buffer: encoded training samples held in the shuffle buffer.
         mix_shards: training reads shards in groups of up to this many, interleaved sample by sample, each
             worker a slice of every shard of a group: batches mix up to this many shards, even shards of one
@@ -87,6 +91,8 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
     label_extensions: frozenset[str] = frozenset()
     # the file suffixes (lower case, no dot) of a plain folder that `predict` may read: each file is a sample
     predict_files: frozenset[str] = frozenset()
+    # every random draw of decode and collate is inside `batch_draws`: decode threads may run batches at once
+    thread_safe: bool = False
 
     def __init__(
         self,
@@ -110,11 +116,17 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         worker_start: StartMethod = "forkserver",
         bucket_by_size: bool = False,
         max_member_bytes: int = MAX_MEMBER_BYTES,
+        decode_threads: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         redact_hparams(self)  # URLs' secrets stay out of hparams.yaml, TensorBoard and checkpoints
         check_positive(batch_size=batch_size, shuffle_buffer=shuffle_buffer, prefetch_factor=prefetch_factor)
+        check_positive(decode_threads=decode_threads)
+        if decode_threads > 1 and not self.thread_safe:
+            rank_zero_warn(
+                f"data.decode_threads: {type(self).__name__} is not thread_safe, so its batches decode one at a time"
+            )
         check_positive(cache_gb=cache_gb, max_member_bytes=max_member_bytes, mix_shards=mix_shards)
         check_not_negative(num_workers=num_workers, read_ahead_mb=read_ahead_mb)
         if not 0 < fraction <= 1:
@@ -127,7 +139,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
             split: spec if spec is not None else (os.path.join(root, split) if root else None)
             for split, spec in given.items()
         } | {"predict": predict}
-        self.batch_size, self.num_workers = batch_size, num_workers
+        self.batch_size, self.num_workers, self.decode_threads = batch_size, num_workers, decode_threads
         self.shuffle_buffer, self.seed, self.mix_shards = shuffle_buffer, seed, mix_shards
         self.fraction, self.prefetch_factor, self.max_skipped_fraction = fraction, prefetch_factor, max_skipped_fraction
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -221,6 +233,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
             bucket_by_size=self.bucket_by_size and split == "train",
             max_member_bytes=self.max_member_bytes,
             mix_shards=self.mix_shards or (1 if shuffled_before_sharding(self.index(split)) else MIX_SHARDS),
+            decode_threads=self.decode_threads,
         )
         if self.trainer is not None:
             stream.set_topology(self.trainer.world_size, self.trainer.global_rank)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -79,6 +80,10 @@ class _Pool:
     def take(self, nbytes: int) -> torch.UntypedStorage:
         """A free buffer of at least `nbytes` (made or remade to that size if none fits), or a new unpooled
         shared storage when every slot is taken."""
+        with _lock:  # a worker's decode threads take buffers at once
+            return self._take(nbytes)
+
+    def _take(self, nbytes: int) -> torch.UntypedStorage:
         free = [slot for slot in range(SLOTS) if int(self.flags[slot]) == FREE]
         if not free:
             return torch.UntypedStorage._new_shared(nbytes)
@@ -100,6 +105,7 @@ class _Pool:
 
 
 _pool: _Pool | None = None
+_lock = threading.Lock()  # the pool's making and its slots' taking
 
 
 def worker_pool() -> _Pool | None:
@@ -110,7 +116,9 @@ def worker_pool() -> _Pool | None:
         return _pool
     if get_worker_info() is None:
         return None
-    _pool = _Pool()
+    with _lock:
+        if _pool is None or _pool.pid != os.getpid():
+            _pool = _Pool()
     return _pool
 
 

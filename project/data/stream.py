@@ -10,6 +10,7 @@ webdataset's node and worker splitters, whose shard-level split cannot give equa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 from collections.abc import Iterator, Sequence
@@ -20,6 +21,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from project.data.batch import Batch, Skipped
+from project.data.decode_threads import BatchRandom, ordered_map
 from project.data.plan import (
     Part,
     WorkerPlan,
@@ -81,6 +83,11 @@ def shuffled(
         chunk += 1
 
 
+def batch_seed(shuffle_seed: int, number: int) -> int:
+    """The seed of torch's generator for batch `number` of a plan whose shuffle seed is `shuffle_seed`."""
+    return int(np.random.SeedSequence([shuffle_seed, number]).generate_state(1)[0])
+
+
 def sample_bytes(sample: Sample | Missing) -> int:
     """About the encoded size of a sample's members (0 for a sample that could not be read)."""
     if isinstance(sample, Missing):
@@ -111,6 +118,8 @@ class ShardStream(IterableDataset):
         mix_shards: training reads the epoch's shards in groups of up to this many, interleaved sample by
             sample (see `plan.Mix`), so batches mix them even when each shard holds one class; 1: one shard
             after another.
+        decode_threads: batches decoded at once by threads of each loader process (decode_threads.py): the
+            same batches as one thread's.
     """
 
     def __init__(
@@ -130,6 +139,7 @@ class ShardStream(IterableDataset):
         max_member_bytes: int | None = MAX_MEMBER_BYTES,
         read_ahead_bytes: int = READ_AHEAD_BYTES,
         mix_shards: int = 1,
+        decode_threads: int = 1,
     ) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
@@ -143,7 +153,7 @@ class ShardStream(IterableDataset):
         self.skip_corrupt = skip_corrupt
         self.bucket_by_size = bucket_by_size
         self.max_member_bytes, self.read_ahead_bytes = max_member_bytes, read_ahead_bytes
-        self.mix_shards = mix_shards
+        self.mix_shards, self.decode_threads = mix_shards, decode_threads
         self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self.epoch = 0
         self.world_size, self.rank = 1, 0
@@ -187,8 +197,14 @@ class ShardStream(IterableDataset):
         plans = self.plans()
         index, done = resume_point(self.batches_done, len(plans), worker)
         plan = plans[index]
-        for number, samples in enumerate(self._sample_batches(plan, done), start=done):
-            yield self._batch(samples, plan, number)
+        batches = enumerate(self._sample_batches(plan, done), start=done)
+        if self.decode_threads <= 1:
+            for number, samples in batches:
+                yield self._batch(samples, plan, number)
+            return
+        yield from ordered_map(
+            lambda job: self._batch(job[1], plan, job[0], threaded=True), batches, self.decode_threads
+        )
 
     def _sample_batches(self, plan: WorkerPlan, done: int) -> Iterator[list]:
         """The plan's encoded samples, grouped into its batches, from batch `done` on."""
@@ -204,38 +220,49 @@ class ShardStream(IterableDataset):
         for size in plan.batch_sizes[done:]:
             yield list(itertools.islice(samples, size))
 
-    def _batch(self, samples: list, plan: WorkerPlan, number: int) -> Batch:
-        """Decode and collate one batch through the task; samples it cannot use are left out and listed."""
+    def _batch(self, samples: list, plan: WorkerPlan, number: int, threaded: bool = False) -> Batch:
+        """Decode and collate one batch through the task; samples it cannot use are left out and listed.
+        `threaded`: in one of several decode threads, with the batch's own generator state (decode_threads.py)."""
+        # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
+        seed = None if plan.shuffle_seed is None else batch_seed(plan.shuffle_seed, number)
+        if not threaded:
+            with torch.random.fork_rng(devices=[]):
+                if seed is not None:
+                    # the CPU generator only: torch.manual_seed also queues CUDA seeding, with a Python stack
+                    # formatted each call (about 100 us, a tenth of a short-text batch's time)
+                    torch.default_generator.manual_seed(seed)
+                return self._decoded(samples)
+        random = BatchRandom(seed or 0)
+        # a task that does not say all its draws are inside `batch_draws` decodes its batches one at a time
+        whole = contextlib.nullcontext() if getattr(self.task, "thread_safe", False) else random.swapped_in()
+        with random.current(), whole:
+            return self._decoded(samples)
+
+    def _decoded(self, samples: list) -> Batch:
+        """The task's batch of the samples it can use, the others listed as skipped."""
         examples, keys, urls, skipped = [], [], [], []
-        with torch.random.fork_rng(devices=[]):
-            if plan.shuffle_seed is not None:
-                # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
-                # the CPU generator only: torch.manual_seed also queues CUDA seeding, with a Python stack
-                # formatted each call (about 100 us, a tenth of a short-text batch's time)
-                seed = int(np.random.SeedSequence([plan.shuffle_seed, number]).generate_state(1)[0])
-                torch.default_generator.manual_seed(seed)
-            for sample in samples:
-                if isinstance(sample, Missing):
-                    skipped.append(Skipped(sample.url, f"sample {sample.position}", sample.reason))
-                    continue
-                try:
-                    if REFUSED in sample:
-                        raise DecodeError.of(sample, sample[REFUSED])
-                    examples.append(self.task.decode(sample, self.stage))
-                except Exception as error:  # noqa: BLE001 - a stranger's sample may break decode in any way
-                    if not isinstance(error, DecodeError):  # a TypeError of a .json, a MemoryError of a .npy
-                        error = DecodeError.of(sample, f"{type(error).__name__}: {error}")
-                    if not self.skip_corrupt:
-                        raise error from None
-                    skipped.append(Skipped(sample["__url__"], sample["__key__"], str(error)))
-                    continue
-                keys.append(sample["__key__"])
-                urls.append(sample["__url__"])
-            if not examples:
-                first = skipped[0]  # a stale index's reason does not name the shard
-                where = "" if first.url in first.reason else f" (in {first.url})"
-                raise ShardError(f"every sample of a batch was unreadable; the first{where}: {first.reason}")
-            batch = self.task.collate(examples, self.stage)
+        for sample in samples:
+            if isinstance(sample, Missing):
+                skipped.append(Skipped(sample.url, f"sample {sample.position}", sample.reason))
+                continue
+            try:
+                if REFUSED in sample:
+                    raise DecodeError.of(sample, sample[REFUSED])
+                examples.append(self.task.decode(sample, self.stage))
+            except Exception as error:  # noqa: BLE001 - a stranger's sample may break decode in any way
+                if not isinstance(error, DecodeError):  # a TypeError of a .json, a MemoryError of a .npy
+                    error = DecodeError.of(sample, f"{type(error).__name__}: {error}")
+                if not self.skip_corrupt:
+                    raise error from None
+                skipped.append(Skipped(sample["__url__"], sample["__key__"], str(error)))
+                continue
+            keys.append(sample["__key__"])
+            urls.append(sample["__url__"])
+        if not examples:
+            first = skipped[0]  # a stale index's reason does not name the shard
+            where = "" if first.url in first.reason else f" (in {first.url})"
+            raise ShardError(f"every sample of a batch was unreadable; the first{where}: {first.reason}")
+        batch = self.task.collate(examples, self.stage)
         if not isinstance(batch, Batch):
             raise TypeError(f"{type(self.task).__name__}.collate must return a Batch, not {type(batch).__name__}")
         batch.keys, batch.urls, batch.skipped = keys, urls, skipped

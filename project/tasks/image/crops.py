@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torchvision.transforms import v2
 
+from project.data.decode_threads import batch_draws
+
 try:  # opencv-python-headless is a dependency; without it the crops resize through torch
     import cv2
 
@@ -79,7 +81,8 @@ class CropFlip:
     def crop(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """One HWC uint8 image's random crop, resized to size x size HWC (into `out` if given) and flipped
         with probability `flip`; its box and flip are one draw of torch's default generator."""
-        draws = torch.rand(DRAWS, dtype=torch.float64).tolist()
+        with batch_draws():
+            draws = torch.rand(DRAWS, dtype=torch.float64).tolist()
         top, left, height, width = self.box(image.shape[0], image.shape[1], draws)
         out = resize(image[top : top + height, left : left + width], self.size, out=out)
         if draws[-1] < self.flip:

@@ -3,6 +3,7 @@ and augmented in the DataLoader workers (or decoded on the training device), bat
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from pathlib import Path
@@ -13,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchvision.transforms import v2
 
 from project.data.datamodule import ShardDataModule, check_positive
+from project.data.decode_threads import batch_draws
 from project.data.samples import Sample
 from project.data.shared import pooled_empty
 from project.data.stream import ShardStream
@@ -69,6 +71,7 @@ class ImageShards(ClassNames, ShardDataModule):
 
     extensions = WANTED_EXTENSIONS
     label_extensions = frozenset(LABEL_EXTENSIONS)
+    thread_safe = True  # every draw of decode and collate is inside batch_draws (decode_threads.py)
     predict_files = frozenset(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)
 
     def __init__(
@@ -157,15 +160,22 @@ class ImageShards(ClassNames, ShardDataModule):
         if images and stage == "train" and self.crop_flip is not None:
             # cropped and flipped by `decode`; the preset's other steps per image (ColorJitter, ...)
             rest = self.train_rest
-            transformed = stack_channels_last([rest(image) for image in images] if rest is not None else images)
+            if rest is not None:
+                with batch_draws():  # torchvision's transforms draw from torch's default generator
+                    images = [rest(image) for image in images]
+            transformed = stack_channels_last(images)
+        elif images:
+            with batch_draws() if stage == "train" else contextlib.nullcontext():
+                transformed = transform_all(self.transforms[stage], images)
         else:
-            transformed = transform_all(self.transforms[stage], images) if images else None
+            transformed = None
         label = torch.tensor([example.label for example in examples], dtype=torch.long)
         if len(decoded) == len(examples):
             return ImageBatch(image=transformed, label=label)
         encoded = [row for row, example in enumerate(examples) if example.pixels is None]
         # the device's crops and flips, from the batch's seeded generator: the same on resume
-        seed = int(torch.randint(2**62, ())) if stage == "train" else None
+        with batch_draws():
+            seed = int(torch.randint(2**62, ())) if stage == "train" else None
         return EncodedImageBatch(
             image=transformed,
             label=label,
