@@ -2,12 +2,17 @@
 validation), with `ThreadPolicy` choosing, and with OMP_NUM_THREADS fixing 1, 2 and every core, side by side.
 
     python benchmarks/threads.py [--epochs 5] [--repeats 2] [--scenarios default,one-worker,input-bound]
-                                 [--json PATH]
+                                 [--settings policy,1,2] [--json PATH]
 
 Scenarios (each the default config plus):
 - default: as `python -m project.train` runs (2 workers; compute-bound on a small machine);
 - one-worker: `--data.num_workers=1`, so there are more cores than workers;
-- input-bound: `--data.augment=strong --model.init_args.width=4`: per-sample TrivialAugment and a tiny model.
+- input-bound: `--data.augment=strong --model.init_args.width=4`: per-sample TrivialAugment and a tiny model;
+- decode-threads, input-bound-threads: default and input-bound with no worker process and two decode threads in
+  the training process (`--data.num_workers=0 --data.decode_threads=2`).
+
+Each run also reports the peak RSS of its processes together (training process, workers, forkserver), summed
+as `benchmarks/peers.py` sums them.
 
 Each run is its own process (threads are fixed when torch starts); settings alternate within a repeat, and
 each figure is the median over repeats. steps/s counts every training step from the first epoch's start to
@@ -27,10 +32,14 @@ import tempfile
 import time
 from pathlib import Path
 
+THREADED = ["--data.num_workers=0", "--data.decode_threads=2"]
+INPUT_BOUND = ["--data.augment=strong", "--model.init_args.width=4"]
 SCENARIOS = {
     "default": [],
     "one-worker": ["--data.num_workers=1"],
-    "input-bound": ["--data.augment=strong", "--model.init_args.width=4"],
+    "input-bound": INPUT_BOUND,
+    "decode-threads": THREADED,
+    "input-bound-threads": INPUT_BOUND + THREADED,
 }
 LOGS = Path(tempfile.gettempdir()) / "threads-bench-logs"
 RUN = [
@@ -50,12 +59,16 @@ def one_run(args: list[str]) -> None:
     start_forkserver_for(args, WORKER_MODULES)
     import lightning as L
     import torch
+    from peer_loaders import Processes
 
     from project.cli import ProjectCLI
 
     class EpochTimer(L.Callback):
         def on_train_start(self, trainer, pl_module):
-            self.start = time.perf_counter()
+            self.start, self.processes = time.perf_counter(), Processes()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.processes.sample()
 
         def on_train_end(self, trainer, pl_module):
             self.seconds = time.perf_counter() - self.start
@@ -65,7 +78,12 @@ def one_run(args: list[str]) -> None:
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     steps = cli.trainer.global_step
-    print(json.dumps({"steps_per_s": steps / timer.seconds, "steps": steps, "threads": torch.get_num_threads()}))
+    rss = timer.processes.peak_rss / 2**20
+    print(
+        json.dumps(
+            {"steps_per_s": steps / timer.seconds, "steps": steps, "threads": torch.get_num_threads(), "rss_mb": rss}
+        )
+    )
 
 
 def measure(scenario: list[str], threads: int | None, epochs: int) -> dict:
@@ -85,6 +103,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5, help="epochs a run trains (the default run's 5)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
+    parser.add_argument("--settings", default=None, help="comma-separated: policy and thread counts (default: all)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -97,6 +116,10 @@ def main() -> None:
         parser.error(f"--scenarios: unknown {', '.join(unknown)} (choose from {', '.join(SCENARIOS)})")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     settings: list[int | None] = [None, *sorted({1, 2, cores})]
+    if args.settings:
+        settings = [None if s == "policy" else int(s) for s in args.settings.split(",")]
+        if None not in settings:
+            parser.error("--settings must include policy")
     results = {}
     print(
         f"{'scenario':<12} {'policy':>16} "
@@ -111,11 +134,17 @@ def main() -> None:
                 runs[str(setting)].append(measure(SCENARIOS[name], setting, args.epochs))
         rates = {key: statistics.median(r["steps_per_s"] for r in found) for key, found in runs.items()}
         chosen = [r["threads"] for r in runs["None"]]
-        best = max(rates[str(c)] for c in settings[1:])
-        results[name] = {"steps_per_s": rates, "policy_threads": chosen, "policy_vs_best": rates["None"] / best}
+        best = max((rates[str(c)] for c in settings[1:]), default=rates["None"])
+        rss = statistics.median(r["rss_mb"] for r in runs["None"])
+        results[name] = {
+            "steps_per_s": rates,
+            "policy_threads": chosen,
+            "policy_vs_best": rates["None"] / best,
+            "policy_peak_rss_mb": rss,
+        }
         policy = f"{rates['None']:.2f}/s ({','.join(map(str, chosen))} thr)"
         fixed = " ".join(f"{rates[str(c)]:>10.2f}/s" for c in settings[1:])
-        print(f"{name:<12} {policy:>16} {fixed} {rates['None'] / best:>12.3f}", flush=True)
+        print(f"{name:<12} {policy:>16} {fixed} {rates['None'] / best:>12.3f}  peak RSS {rss:,.0f} MB", flush=True)
     print("(training steps/s over the run's epochs, median of repeats; policy/best: against the fastest fixed count)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

@@ -21,7 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from project.callbacks.checkpoint_io import check_checkpoint, is_local, local_checkpoint, use_atomic_checkpoints
 from project.callbacks.save_config import RedactedSaveConfig, run_folder
 from project.callbacks.template import add_callback_sections, chosen
-from project.callbacks.threads import fixed_threads, threads_fixed_by_user
+from project.callbacks.threads import fixed_threads, loader_threads, threads_fixed_by_user
 from project.commands import started_as
 from project.data.datamodule import ShardDataModule
 from project.errors import UserError
@@ -140,7 +140,7 @@ class ProjectCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         if isinstance(self.trainer.accelerator, CPUAccelerator):
-            share_cores_with_workers(self.datamodule.num_workers, self.trainer.num_devices)
+            share_cores_with_workers(loader_threads(self.datamodule), self.trainer.num_devices)
 
     def _resume_latest_run(self) -> None:
         """`--ckpt_path last`: the newest version_N of this experiment that has a last.ckpt, logging into
@@ -245,10 +245,10 @@ def without_pretrained_weights(config: Any) -> None:
 
 
 def share_cores_with_workers(num_workers: int, processes: int = 1) -> None:
-    """On the CPU, start by leaving the DataLoader workers their cores. torch's intra-op threads default to
-    every core, and a thread that shares a core with a busy worker makes a step wait for it (steps
-    swung between 1x and 7x their time on a 2-core machine). OMP_NUM_THREADS, when set, wins. In fit,
-    `ThreadPolicy` then measures whether every core trains faster."""
+    """On the CPU, start by leaving the DataLoader workers (or the decode threads: `loader_threads`) their
+    cores. torch's intra-op threads default to every core, and a thread that shares a core with a busy worker
+    makes a step wait for it (steps swung between 1x and 7x their time on a 2-core machine). OMP_NUM_THREADS,
+    when set, wins. In fit, `ThreadPolicy` then measures whether every core trains faster."""
     if threads_fixed_by_user() or num_workers == 0:
         return
     torch.set_num_threads(min(fixed_threads(num_workers, processes), torch.get_num_threads()))

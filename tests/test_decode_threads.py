@@ -13,7 +13,7 @@ from PIL import Image
 from torchvision.transforms import v2
 from webdataset import TarWriter
 
-from project.data.decode_threads import BatchRandom, batch_draws, ordered_map
+from project.data.decode_threads import BatchRandom, batch_draws, batch_generator, exclusive_draws, ordered_map
 from project.data.loader import EpochLoader
 from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.data.specs import resolve_shards
@@ -208,19 +208,41 @@ def test_ordered_map_keeps_order_and_takes_few_jobs_ahead():
 
 def test_a_batch_draws_what_the_seeded_generator_would_whatever_else_draws_between():
     torch.manual_seed(11)
-    expected = [torch.rand(3), torch.rand(2)]
+    expected = [torch.rand(3), torch.rand(2), torch.rand(4)]
     random = BatchRandom(11)
     with random.current():
-        with batch_draws():
-            first = torch.rand(3)
-        torch.rand(5)  # another batch's draws, outside this batch's state
-        with batch_draws(), batch_draws():  # nested: one swap
+        first = torch.rand(3, generator=batch_generator())  # a built-in draw: the batch's generator
+        torch.rand(5)  # the model's, or another batch's: torch's default generator, not this batch's
+        with batch_draws(), batch_draws():  # a torchvision transform's: the batch's state swapped in, once
+            assert batch_generator() is None  # inside, the default generator holds the batch's state
             second = torch.rand(2)
-    assert torch.equal(first, expected[0]) and torch.equal(second, expected[1])
+        third = torch.rand(4, generator=batch_generator())  # the one sequence continues
+    assert all(torch.equal(got, want) for got, want in zip((first, second, third), expected, strict=True))
     torch.manual_seed(3)
-    with batch_draws():  # no batch of decode threads: torch's generator as it is
+    assert batch_generator() is None  # no batch of decode threads: the default generator, as the stream seeded it
+    with batch_draws():
         outside = torch.rand(2)
     assert torch.equal(outside, torch.rand(2, generator=torch.Generator().manual_seed(3)))
+
+
+def test_the_trainers_draws_and_a_batchs_swapped_state_never_overlap():
+    random, inside = BatchRandom(0), threading.Event()
+    order = []
+
+    def swap() -> None:
+        with random.current(), batch_draws():
+            inside.set()
+            order.append("batch in")
+            threading.Event().wait(0.2)
+            order.append("batch out")
+
+    thread = threading.Thread(target=swap)
+    thread.start()
+    inside.wait(5)
+    with exclusive_draws():  # waits until the batch's state is swapped out again
+        order.append("trainer")
+    thread.join()
+    assert order == ["batch in", "batch out", "trainer"]
 
 
 def test_decode_threads_must_be_positive():

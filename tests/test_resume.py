@@ -29,10 +29,16 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def train_args(data: Path, workers: int, records: Path, *extra: str) -> list[str]:
+THREADS = "threads"  # no worker: two decode threads in the training process
+
+
+def train_args(data: Path, workers: int | str, records: Path, *extra: str) -> list[str]:
+    loader = (
+        ["--data.num_workers=0", "--data.decode_threads=2"] if workers == THREADS else [f"--data.num_workers={workers}"]
+    )
     return [
         *(f"--data.root={data}", "--data.image_size=16", f"--data.batch_size={BATCH}", "--data.augment=light"),
-        *(f"--data.num_workers={workers}", "--trainer.max_epochs=2", "--trainer.deterministic=true"),
+        *(*loader, "--trainer.max_epochs=2", "--trainer.deterministic=true"),
         *("--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"),
         recorder(records),
         *extra,
@@ -67,10 +73,10 @@ def uninterrupted(data, tmp_path_factory):
         assert result.returncode == 0, result.stderr[-3000:]
         return folder
 
-    return {workers: run(workers) for workers in (0, 2)}
+    return {workers: run(workers) for workers in (0, 2, THREADS)}
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 2, THREADS])
 def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_weights(
     data, tmp_path, workers, uninterrupted
 ):

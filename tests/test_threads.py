@@ -139,3 +139,14 @@ def test_the_thread_count_lightnings_launcher_sets_is_not_taken_for_the_users(mo
     assert threads.threads_fixed_by_user()
     monkeypatch.delenv(threads.USER_THREADS)  # the note missing: OMP_NUM_THREADS counts as the user's
     assert threads.threads_fixed_by_user()
+
+
+def test_decode_threads_count_as_the_loaders_share_of_the_cores(four_cores):
+    def data(workers: int, threads: int) -> object:
+        return type("Data", (), {"num_workers": workers, "decode_threads": threads})()
+
+    assert threads.loader_threads(data(2, 1)) == 2 and threads.loader_threads(data(2, 3)) == 6
+    assert threads.loader_threads(data(0, 2)) == 2  # the training process's own decode threads
+    assert threads.loader_threads(data(0, 1)) == 0  # one thread decodes in turn with training: nothing to share
+    assert threads.loader_threads(object()) == 0  # a data module without either setting
+    assert fixed_threads(threads.loader_threads(data(0, 2))) == 2

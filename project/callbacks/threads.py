@@ -27,6 +27,13 @@ def fixed_threads(num_workers: int, processes: int = 1) -> int:
     return max(1, usable_cores() // max(1, processes) - num_workers)
 
 
+def loader_threads(datamodule: Any) -> int:
+    """The threads that decode a process's batches beside its training: each worker's decode threads, or,
+    without workers, the training process's own decode threads (one decoding in turn with training: none)."""
+    workers, threads = getattr(datamodule, "num_workers", 0), getattr(datamodule, "decode_threads", 1)
+    return workers * threads if workers else (threads if threads > 1 else 0)
+
+
 # OMP_NUM_THREADS as the user left it, noted when this project starts, before Lightning's launcher sets it for
 # the processes it starts (cores ÷ processes, under CPU DDP): they inherit the note, so the launcher's value is
 # not taken for the user's wish.
@@ -55,14 +62,14 @@ class ThreadPolicy(Callback):
 
     Inactive, leaving the fixed rule, when OMP_NUM_THREADS is set (the user's count wins), when the trainer
     is deterministic (a thread count chosen by timing would make two runs, or a run and its resume, sum in a
-    different order), off the CPU, and without workers (there is nothing to share then).
+    different order), off the CPU, and without workers or decode threads (there is nothing to share then).
     """
 
     def __init__(
         self, num_workers: int | None = None, skip: int = 3, steps: int = 4, rounds: int = 2, margin: float = 0.02
     ) -> None:
         """Args:
-        num_workers: the DataLoader workers per process (default: the trainer's data module's).
+        num_workers: the threads that decode per process (default: the trainer's data module's `loader_threads`).
         skip: steps left untimed first (start-up).
         steps: steps a candidate runs in one turn.
         rounds: turns of each candidate.
@@ -81,7 +88,7 @@ class ThreadPolicy(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.candidates, self._previous = [], None
-        workers = self.num_workers if self.num_workers is not None else getattr(trainer.datamodule, "num_workers", 0)
+        workers = self.num_workers if self.num_workers is not None else loader_threads(trainer.datamodule)
         if not isinstance(trainer.accelerator, CPUAccelerator) or threads_fixed_by_user() or not workers:
             return
         fixed = fixed_threads(workers, trainer.num_devices)

@@ -7,11 +7,14 @@ with `num_workers` 0 there is then no worker process, no forkserver and no hand-
 processes: the training process's memory and nothing more, as SPDL's threads in one process (benchmarks/README.md).
 
 Augmentation draws from torch's default generator, which the stream seeds per batch (the same crops on every run
-and after a resume). That generator is one per process, so threads share it: here each batch keeps its own copy
-of the generator's state (`BatchRandom`), and a task's draws run with that state swapped in, under a lock
-(`batch_draws`). A batch's draws are then the same sequence, whichever thread decodes it and whatever the others
-draw meanwhile: the batches are exactly those of one thread. Our own pool, not `torch.utils.data`'s (which has
-processes only) nor SPDL's (a whole pipeline framework): a bounded, ordered map is all the stream needs.
+and after a resume). That generator is one per process, shared by the threads and, with `num_workers` 0, by the
+model's own draws (dropout, MixUp). So here each batch has a generator of its own (`BatchRandom`), seeded as the
+stream seeds the default one: a task's built-in draws take it (`batch_generator()`), and draws that cannot
+(torchvision's transforms) run with its state swapped into the default generator, under a lock (`batch_draws`),
+which the training process's own draws take too (`exclusive_draws`: `Classifier.step_randomness`). A batch's draws
+are then the same sequence whichever thread decodes it and whatever else draws meanwhile: the batches are exactly
+one thread's. Our own pool, not `torch.utils.data`'s (which has processes only) nor SPDL's (a whole pipeline
+framework): a bounded, ordered map is all the stream needs.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 Job = TypeVar("Job")
 Result = TypeVar("Result")
 
-_lock = threading.Lock()  # held while a batch's state is torch's default generator's
+_lock = threading.Lock()  # held while a batch's state is torch's default generator's, or the trainer draws
 _local = threading.local()  # this thread's current batch (`random`), and whether its state is swapped in
 
 
@@ -51,14 +54,14 @@ def ordered_map(function: Callable[[Job], Result], jobs: Iterable[Job], threads:
 
 
 class BatchRandom:
-    """One batch's state of torch's default generator, as `torch.manual_seed(seed)` would leave it."""
+    """One batch's generator, as `torch.manual_seed(seed)` would leave torch's default one."""
 
     def __init__(self, seed: int) -> None:
-        self.state = torch.Generator().manual_seed(seed).get_state()
+        self.generator = torch.Generator().manual_seed(seed)
 
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
-        """This batch is the thread's current one: `batch_draws` in it draws from the batch's state."""
+        """This batch is the thread's current one: `batch_generator` and `batch_draws` in it use its generator."""
         _local.random = self
         try:
             yield
@@ -69,26 +72,42 @@ class BatchRandom:
     def swapped_in(self) -> Iterator[None]:
         """torch's default generator holds this batch's state within the block (one thread at a time)."""
         with _lock:
-            generator = torch.default_generator
-            saved = generator.get_state()
-            generator.set_state(self.state)
+            default = torch.default_generator
+            saved = default.get_state()
+            default.set_state(self.generator.get_state())
             _local.swapped = True
             try:
                 yield
             finally:
                 _local.swapped = False
-                self.state = generator.get_state()
-                generator.set_state(saved)
+                self.generator.set_state(default.get_state())
+                default.set_state(saved)
+
+
+def batch_generator() -> torch.Generator | None:
+    """The generator a task's draws in `decode` or `collate` take (`torch.rand(n, generator=batch_generator())`):
+    with decode threads, the batch's own; otherwise None, torch's default one, which the stream seeded for the
+    batch. Either way the same draws."""
+    random = getattr(_local, "random", None)
+    return None if random is None or getattr(_local, "swapped", False) else random.generator
 
 
 @contextlib.contextmanager
 def batch_draws() -> Iterator[None]:
-    """Around a task's draws from torch's default generator in `decode` or `collate`: with decode threads, the
-    draws come from the batch's own state; otherwise (the stream seeded the generator for this batch in
-    this thread) nothing to do. A task whose every draw is inside one may set `thread_safe = True`."""
+    """Around draws that take torch's default generator and no other (torchvision's transforms): with decode
+    threads, the batch's state is swapped into it for the block; otherwise nothing to do. A task whose every draw
+    takes `batch_generator()` or is inside one of these may set `thread_safe = True`."""
     random = getattr(_local, "random", None)
     if random is None or getattr(_local, "swapped", False):
         yield
         return
     with random.swapped_in():
+        yield
+
+
+@contextlib.contextmanager
+def exclusive_draws() -> Iterator[None]:
+    """Around the training process's own draws from torch's default generator (a training step's dropout):
+    no decode thread's batch state is swapped in meanwhile."""
+    with _lock:
         yield

@@ -47,7 +47,7 @@ class Lease(NamedTuple):
     """A pooled tensor on its way to the training process, with the flag that gives its buffer back."""
 
     tensor: torch.Tensor
-    flags: torch.Tensor  # int32 [SLOTS] in shared memory: the worker's flag of each buffer
+    flags: torch.Tensor  # int32 [slots] in shared memory: the worker's flag of each buffer
     slot: int
 
     def receive(self) -> torch.Tensor:
@@ -71,10 +71,10 @@ class _Pool:
     """One worker's buffers: shared-memory storages and a shared flag for each (TAKEN from `take` until the
     training process's `Lease.receive`)."""
 
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.flags = torch.zeros(SLOTS, dtype=torch.int32).share_memory_()
-        self.storages: list[torch.UntypedStorage | None] = [None] * SLOTS
+    def __init__(self, slots: int = SLOTS) -> None:
+        self.pid, self.slots = os.getpid(), slots
+        self.flags = torch.zeros(slots, dtype=torch.int32).share_memory_()
+        self.storages: list[torch.UntypedStorage | None] = [None] * slots
         self.owner: dict[int, int] = {}  # a storage's data pointer: its slot
 
     def take(self, nbytes: int) -> torch.UntypedStorage:
@@ -84,7 +84,7 @@ class _Pool:
             return self._take(nbytes)
 
     def _take(self, nbytes: int) -> torch.UntypedStorage:
-        free = [slot for slot in range(SLOTS) if int(self.flags[slot]) == FREE]
+        free = [slot for slot in range(self.slots) if int(self.flags[slot]) == FREE]
         if not free:
             return torch.UntypedStorage._new_shared(nbytes)
         fitting = [slot for slot in free if self.storages[slot] is not None and self.storages[slot].nbytes() >= nbytes]
@@ -114,11 +114,14 @@ def worker_pool() -> _Pool | None:
     global _pool
     if _pool is not None and _pool.pid == os.getpid():
         return _pool
-    if get_worker_info() is None:
+    info = get_worker_info()
+    if info is None:
         return None
     with _lock:
         if _pool is None or _pool.pid != os.getpid():
-            _pool = _Pool()
+            # N decode threads make up to N + 1 batches at once, where one thread makes one (ordered_map)
+            threads = getattr(info.dataset, "decode_threads", 1)
+            _pool = _Pool(SLOTS + (threads if threads > 1 else 0))
     return _pool
 
 

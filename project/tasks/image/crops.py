@@ -12,8 +12,9 @@ worker holds one decoded photograph at a time instead of a batch of them (benchm
 
 Resampling: bilinear while a crop shrinks by at most 2x (each output pixel still averages its 2x2
 neighbours, as torchvision's tensor resize did without antialiasing before 0.17), and OpenCV's area
-filter beyond that (antialiased); upscaling is bilinear. The randomness comes from torch's default
-generator, which the stream seeds per batch: the same crops on every run and after a resume.
+filter beyond that (antialiased); upscaling is bilinear. The randomness comes from the batch's generator
+(`batch_generator`: torch's default one, which the stream seeds per batch, or a decode thread's batch's own): the
+same crops on every run and after a resume.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 from torchvision.transforms import v2
 
-from project.data.decode_threads import batch_draws
+from project.data.decode_threads import batch_generator
 
 try:  # opencv-python-headless is a dependency; without it the crops resize through torch
     import cv2
@@ -80,9 +81,8 @@ class CropFlip:
 
     def crop(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """One HWC uint8 image's random crop, resized to size x size HWC (into `out` if given) and flipped
-        with probability `flip`; its box and flip are one draw of torch's default generator."""
-        with batch_draws():
-            draws = torch.rand(DRAWS, dtype=torch.float64).tolist()
+        with probability `flip`; its box and flip are one draw of the batch's generator."""
+        draws = torch.rand(DRAWS, dtype=torch.float64, generator=batch_generator()).tolist()
         top, left, height, width = self.box(image.shape[0], image.shape[1], draws)
         out = resize(image[top : top + height, left : left + width], self.size, out=out)
         if draws[-1] < self.flip:

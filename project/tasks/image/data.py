@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchvision.transforms import v2
 
 from project.data.datamodule import ShardDataModule, check_positive
-from project.data.decode_threads import batch_draws
+from project.data.decode_threads import batch_draws, batch_generator
 from project.data.samples import Sample
 from project.data.shared import pooled_empty
 from project.data.stream import ShardStream
@@ -71,7 +71,7 @@ class ImageShards(ClassNames, ShardDataModule):
 
     extensions = WANTED_EXTENSIONS
     label_extensions = frozenset(LABEL_EXTENSIONS)
-    thread_safe = True  # every draw of decode and collate is inside batch_draws (decode_threads.py)
+    thread_safe = True  # every draw of decode and collate takes batch_generator() or is in batch_draws()
     predict_files = frozenset(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)
 
     def __init__(
@@ -174,8 +174,7 @@ class ImageShards(ClassNames, ShardDataModule):
             return ImageBatch(image=transformed, label=label)
         encoded = [row for row, example in enumerate(examples) if example.pixels is None]
         # the device's crops and flips, from the batch's seeded generator: the same on resume
-        with batch_draws():
-            seed = int(torch.randint(2**62, ())) if stage == "train" else None
+        seed = int(torch.randint(2**62, (), generator=batch_generator())) if stage == "train" else None
         return EncodedImageBatch(
             image=transformed,
             label=label,

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from project.data.datamodule import ShardDataModule, check_positive
-from project.data.decode_threads import batch_draws
+from project.data.decode_threads import batch_generator
 from project.data.remote import is_remote
 from project.data.samples import Sample, read_samples
 from project.data.stream import ShardStream
@@ -67,7 +67,7 @@ class TextShards(ClassNames, ShardDataModule):
 
     extensions = frozenset({"txt", "cls"})
     label_extensions = frozenset({"cls"})
-    thread_safe = True  # every draw of decode and collate is inside batch_draws (decode_threads.py)
+    thread_safe = True  # every draw of decode and collate takes batch_generator() (decode_threads.py)
     predict_files = frozenset({"txt"})  # a plain folder of .txt files: one text each
 
     def __init__(
@@ -221,8 +221,7 @@ class TextShards(ClassNames, ShardDataModule):
         tokens = encoding.ids
         if stage == "train" and self.token_dropout > 0 and len(tokens) > 1:
             # torch's generator, seeded per training batch by the stream: the same drops on resume
-            with batch_draws():
-                drop = (torch.rand(len(tokens)) < self.token_dropout).tolist()
+            drop = (torch.rand(len(tokens), generator=batch_generator()) < self.token_dropout).tolist()
             special = encoding.special_tokens_mask
             kept = [token for token, gone, keep in zip(tokens, drop, special, strict=True) if keep or not gone]
             tokens = kept if len(kept) > sum(special) else tokens
