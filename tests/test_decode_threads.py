@@ -4,6 +4,7 @@ training process and in workers; resume, errors and early stops; tasks whose dra
 from __future__ import annotations
 
 import io
+import logging
 import threading
 
 import numpy as np
@@ -248,3 +249,13 @@ def test_the_trainers_draws_and_a_batchs_swapped_state_never_overlap():
 def test_decode_threads_must_be_positive():
     with pytest.raises(UserError, match="data.decode_threads must be positive, got 0"):
         image_task(decode_threads=0)
+
+
+@pytest.mark.parametrize(
+    ("augment", "told"), [("light", False), ("none", False), ("standard", True), (USER_PIPELINE, True)]
+)
+def test_fit_says_when_torchvisions_steps_run_one_batch_at_a_time(caplog, augment, told):
+    task = image_task(augment=augment, decode_threads=2)
+    with caplog.at_level(logging.INFO):
+        task.setup("fit")
+    assert ("torchvision's per-sample steps run one batch at a time" in caplog.text) == told

@@ -98,10 +98,22 @@ class ImageShards(ClassNames, ShardDataModule):
         self.decode_sizes = {"train": math.ceil(image_size / math.sqrt(smallest))}
         self._classes = classes
 
+    def draws(self, stage: str) -> bool:
+        """Whether `stage`'s whole-image transform may draw from torch's default generator (the `none` preset's
+        resize and center crop draw nothing, nor does evaluation's)."""
+        return stage == "train" and self.augment != "none"
+
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit":
             rank_zero_info(f"augmentation: {self.augmentation()}")
+            per_sample = self.train_rest is not None if self.crop_flip is not None else self.draws("train")
+            if self.decode_threads > 1 and per_sample:
+                # torchvision's per-sample steps hold the GIL and torch's one generator (decode_threads.py)
+                rank_zero_info(
+                    "data.decode_threads: torchvision's per-sample steps run one batch at a time; "
+                    "worker processes (data.num_workers) run them in parallel"
+                )
 
     def augmentation(self) -> str:
         """Which path the training transform takes: the batched crop and flip, torchvision per sample, or both."""
@@ -165,7 +177,7 @@ class ImageShards(ClassNames, ShardDataModule):
                     images = [rest(image) for image in images]
             transformed = stack_channels_last(images)
         elif images:
-            with batch_draws() if stage == "train" else contextlib.nullcontext():
+            with batch_draws() if self.draws(stage) else contextlib.nullcontext():
                 transformed = transform_all(self.transforms[stage], images)
         else:
             transformed = None
