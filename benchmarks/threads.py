@@ -102,7 +102,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=5, help="epochs a run trains (the default run's 5)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
+    parser.add_argument(
+        "--scenarios", default="default,one-worker,input-bound", help="comma-separated: " + ", ".join(SCENARIOS)
+    )
     parser.add_argument("--settings", default=None, help="comma-separated: policy and thread counts (default: all)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)

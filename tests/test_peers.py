@@ -27,7 +27,7 @@ peer_loaders = importlib.import_module("peer_loaders")
 shuffle_quality = importlib.import_module("shuffle_quality")
 photos = importlib.import_module("photos")
 
-LOADERS = ("project", "webdataset", "litdata", "mosaic", "imagefolder", "spdl")
+LOADERS = ("project", "project-threads", "webdataset", "litdata", "mosaic", "imagefolder", "spdl")
 MODULES = {"litdata": "litdata", "mosaic": "streaming", "spdl": "spdl"}
 
 
