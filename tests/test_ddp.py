@@ -195,3 +195,19 @@ def test_ddp_resumes_mid_epoch_exactly_on_every_rank(ddp_run, data, tmp_path):
         (final["state_dict"][k] - reference["state_dict"][k]).abs().max().item() for k in reference["state_dict"]
     )
     assert diff == 0.0
+
+
+def test_decode_threads_in_each_rank_keep_the_batches_equal_disjoint_and_evaluation_exactly_once(data, tmp_path):
+    """2 ranks, no workers, two decode threads in each rank's training process: the same guarantees."""
+    args = [*ddp_args(data), "--data.num_workers=0", "--data.decode_threads=2", "--trainer.max_epochs=1"]
+    result = run_module("project.train", *args, recorder(tmp_path / "records"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = load_records(tmp_path / "records")
+    batches = {rank: records[rank]["train"]["0"] for rank in (0, 1)}
+    assert len(batches[0]) == len(batches[1]) == 250 // (2 * BATCH)
+    seen = [key for rank in (0, 1) for batch in batches[rank] for key in batch]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(all_keys(data / "train"))
+    for stage in ("val", "test"):
+        for epoch in records[0][stage]:
+            counts = Counter(k for rank in (0, 1) for batch in records[rank][stage][epoch] for k in batch)
+            assert set(counts) == set(all_keys(data / stage)) and set(counts.values()) == {1}, (stage, epoch)
