@@ -164,6 +164,24 @@ def test_an_entry_point_starts_the_forkserver_early_unless_its_command_line_rule
     assert workers_unlikely(args) is unlikely
 
 
+def test_a_config_file_without_workers_starts_no_forkserver_unless_a_later_flag_asks(tmp_path):
+    from project.data.workers import workers_unlikely
+
+    threads = tmp_path / "threads.yaml"
+    threads.write_text("data:\n  init_args:\n    num_workers: 0\n    decode_threads: 2\n")
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("data:\n  num_workers: 0\n")
+    assert workers_unlikely(["--config", str(threads)]) and workers_unlikely([f"--config={flat}"])
+    assert not workers_unlikely(["--config", str(threads), "--data.num_workers=2"])  # the later flag wins
+    assert workers_unlikely(["--data.num_workers=2", "--config", str(threads)])  # the later file wins
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("data: [unclosed")
+    other = tmp_path / "other.yaml"
+    other.write_text("trainer:\n  max_epochs: 1\n")
+    for config in (broken, other, tmp_path / "missing.yaml"):  # the CLI reports what is wrong; the server starts
+        assert not workers_unlikely(["--config", str(config)])
+
+
 KILLED_TRAINER = """
 import sys, time
 from project.tasks.image.data import ImageShards
