@@ -233,7 +233,7 @@ class ShardStream(IterableDataset):
                     torch.default_generator.manual_seed(seed)
                 return self._decoded(samples)
         random = BatchRandom(seed or 0)
-        # a task that does not say all its draws are inside `batch_draws` decodes its batches one at a time
+        # a task that does not say its draws take `batch_generator` or `batch_draws` decodes one batch at a time
         whole = contextlib.nullcontext() if getattr(self.task, "thread_safe", False) else random.swapped_in()
         with random.current(), whole:
             return self._decoded(samples)
