@@ -39,7 +39,7 @@ import torch
 from peer_data import ImageSet, demo_set, ensure_format, photo_set, photos_in
 from peer_loaders import LOADERS, Augment, PeerMissing, run_epoch, stored_samples
 
-COLUMNS = ("loader", "samples/s", "CPU µs/sample", "peak RSS MB", "ratio to project", "÷ naive limit")
+COLUMNS = ("loader", "samples/s", "CPU µs/sample", "peak RSS MB", "peak PSS MB", "ratio to project", "÷ naive limit")
 NAIVE = "naive work limit"
 PHOTOS_TRAINED = 224  # px, what --photos trains at
 
@@ -133,7 +133,8 @@ def measure(data: ImageSet, size: int, args: argparse.Namespace, isolated: bool 
         if loader in notes:
             rows[loader] = {"note": notes[loader]}
             continue
-        rows[loader] = {name: statistics.median(r[name] for r in results) for name in ("rate", "cpu_us", "peak_rss_mb")}
+        medians = ("rate", "cpu_us", "peak_rss_mb", "peak_pss_mb")
+        rows[loader] = {name: statistics.median(r[name] for r in results) for name in medians}
         rows[loader].update(
             samples=results[0]["samples"],
             duplicates=max(r["duplicates"] for r in results),
@@ -174,16 +175,16 @@ def table(result: dict) -> str:
     ratio = f"{naive['rate'] / project:.2f}" if project else "–"
     lines.append(
         f"| {NAIVE} ({max(1, result['workers'])} × one process) | {naive['rate']:,.0f} | "
-        f"{naive['us_per_sample']:,.0f} (one process) | – | {ratio} | 1.00 |"
+        f"{naive['us_per_sample']:,.0f} (one process) | – | – | {ratio} | 1.00 |"
     )
     for loader, row in result["loaders"].items():
         if "note" in row:
-            lines.append(f"| {loader} | {row['note']} | | | | |")
+            lines.append(f"| {loader} | {row['note']} | | | | | |")
             continue
         vs_project = f"{row['vs_project']:.2f}" if "vs_project" in row else "–"
         lines.append(
             f"| {loader} | {row['rate']:,.0f} | {row['cpu_us']:,.0f} | {row['peak_rss_mb']:,.0f} | "
-            f"{vs_project} | {row['vs_naive']:.2f} |"
+            f"{row['peak_pss_mb']:,.0f} | {vs_project} | {row['vs_naive']:.2f} |"
         )
     lines.append(
         f"\n{result['set']}: {result['samples']:,} images stored at {result['stored']} px, trained at "
