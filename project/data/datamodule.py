@@ -91,8 +91,8 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
     label_extensions: frozenset[str] = frozenset()
     # the file suffixes (lower case, no dot) of a plain folder that `predict` may read: each file is a sample
     predict_files: frozenset[str] = frozenset()
-    # every random draw of decode and collate takes `batch_generator()` or is inside `batch_draws()`
-    # (project/data/decode_threads.py): decode threads may run batches at once
+    # every random draw of decode takes `batch_generator()` (project/data/decode_threads.py): decode threads may
+    # decode batches at once (collate runs in the loader's own thread, and may draw from torch's generator)
     thread_safe: bool = False
 
     def __init__(

@@ -8,12 +8,12 @@ processes: the training process's memory and nothing more, as SPDL's threads in 
 
 Augmentation draws from torch's default generator, which the stream seeds per batch (the same crops on every run
 and after a resume). That generator is one per process, shared by the threads and, with `num_workers` 0, by the
-model's own draws (dropout, MixUp). So here each batch has a generator of its own (`BatchRandom`), seeded as the
-stream seeds the default one: a task's built-in draws take it (`batch_generator()`), and draws that cannot
-(torchvision's transforms) run with its state swapped into the default generator, under a lock (`batch_draws`),
-which the training process's own draws take too (`exclusive_draws`: `Classifier.step_randomness`). A batch's draws
-are then the same sequence whichever thread decodes it and whatever else draws meanwhile: the batches are exactly
-one thread's. Our own pool, not `torch.utils.data`'s (which has processes only) nor SPDL's (a whole pipeline
+model and the user's callbacks. So a decode thread never touches it: each batch has a generator of its own
+(`BatchRandom`), seeded as the stream seeds the default one, which the task's draws in `decode` take
+(`batch_generator()`); the batch's `collate`, where torchvision's transforms draw from the default generator,
+runs in the loader's own thread, with that generator set to where the batch's left off. A batch's draws are then
+one sequence, whichever thread decodes it and whatever else draws meanwhile: the batches are exactly one
+thread's. Our own pool, not `torch.utils.data`'s (which has processes only) nor SPDL's (a whole pipeline
 framework): a bounded, ordered map is all the stream needs.
 """
 
@@ -31,8 +31,7 @@ import torch
 Job = TypeVar("Job")
 Result = TypeVar("Result")
 
-_lock = threading.Lock()  # held while a batch's state is torch's default generator's, or the trainer draws
-_local = threading.local()  # this thread's current batch (`random`), and whether its state is swapped in
+_local = threading.local()  # a decode thread's current batch (`random`)
 
 
 def ordered_map(function: Callable[[Job], Result], jobs: Iterable[Job], threads: int) -> Iterator[Result]:
@@ -61,7 +60,7 @@ class BatchRandom:
 
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
-        """This batch is the thread's current one: `batch_generator` and `batch_draws` in it use its generator."""
+        """This batch is the thread's current one: `batch_generator` in it is the batch's generator."""
         _local.random = self
         try:
             yield
@@ -69,45 +68,17 @@ class BatchRandom:
             _local.random = None
 
     @contextlib.contextmanager
-    def swapped_in(self) -> Iterator[None]:
-        """torch's default generator holds this batch's state within the block (one thread at a time)."""
-        with _lock:
-            default = torch.default_generator
-            saved = default.get_state()
-            default.set_state(self.generator.get_state())
-            _local.swapped = True
-            try:
-                yield
-            finally:
-                _local.swapped = False
-                self.generator.set_state(default.get_state())
-                default.set_state(saved)
+    def continued(self) -> Iterator[None]:
+        """torch's default generator, within the block, continues this batch's draws (and is restored after):
+        for the batch's `collate`, in the loader's own thread."""
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.set_state(self.generator.get_state())
+            yield
 
 
 def batch_generator() -> torch.Generator | None:
-    """The generator a task's draws in `decode` or `collate` take (`torch.rand(n, generator=batch_generator())`):
-    with decode threads, the batch's own; otherwise None, torch's default one, which the stream seeded for the
-    batch. Either way the same draws."""
+    """The generator a task's draws in `decode` take (`torch.rand(n, generator=batch_generator())`): in a decode
+    thread, the batch's own; otherwise None, torch's default one, which the stream seeded for the batch. Either
+    way the same draws."""
     random = getattr(_local, "random", None)
-    return None if random is None or getattr(_local, "swapped", False) else random.generator
-
-
-@contextlib.contextmanager
-def batch_draws() -> Iterator[None]:
-    """Around draws that take torch's default generator and no other (torchvision's transforms): with decode
-    threads, the batch's state is swapped into it for the block; otherwise nothing to do. A task whose every draw
-    takes `batch_generator()` or is inside one of these may set `thread_safe = True`."""
-    random = getattr(_local, "random", None)
-    if random is None or getattr(_local, "swapped", False):
-        yield
-        return
-    with random.swapped_in():
-        yield
-
-
-@contextlib.contextmanager
-def exclusive_draws() -> Iterator[None]:
-    """Around the training process's own draws from torch's default generator (a training step's dropout):
-    no decode thread's batch state is swapped in meanwhile."""
-    with _lock:
-        yield
+    return None if random is None else random.generator

@@ -7,7 +7,6 @@ from typing import Any, Protocol
 
 from torch.utils.data import DataLoader
 
-from project.data.decode_threads import exclusive_draws
 from project.data.position import resumed_start
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, WorkerInit, as_is, worker_context
@@ -63,8 +62,7 @@ class EpochLoader(DataLoader):
             done = self.datamodule.take_split_start(stream.stage)
         stream.set_epoch(epoch)
         stream.resume_after(done)
-        with exclusive_draws():  # torch's iterator draws a seed from the default generator (decode_threads.py)
-            return super().__iter__()
+        return super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
         """The training position (also in the data module's state): marks this loader as resumable."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -47,7 +46,7 @@ class Lease(NamedTuple):
     """A pooled tensor on its way to the training process, with the flag that gives its buffer back."""
 
     tensor: torch.Tensor
-    flags: torch.Tensor  # int32 [slots] in shared memory: the worker's flag of each buffer
+    flags: torch.Tensor  # int32 [SLOTS] in shared memory: the worker's flag of each buffer
     slot: int
 
     def receive(self) -> torch.Tensor:
@@ -71,20 +70,16 @@ class _Pool:
     """One worker's buffers: shared-memory storages and a shared flag for each (TAKEN from `take` until the
     training process's `Lease.receive`)."""
 
-    def __init__(self, slots: int = SLOTS) -> None:
-        self.pid, self.slots = os.getpid(), slots
-        self.flags = torch.zeros(slots, dtype=torch.int32).share_memory_()
-        self.storages: list[torch.UntypedStorage | None] = [None] * slots
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.flags = torch.zeros(SLOTS, dtype=torch.int32).share_memory_()
+        self.storages: list[torch.UntypedStorage | None] = [None] * SLOTS
         self.owner: dict[int, int] = {}  # a storage's data pointer: its slot
 
     def take(self, nbytes: int) -> torch.UntypedStorage:
         """A free buffer of at least `nbytes` (made or remade to that size if none fits), or a new unpooled
         shared storage when every slot is taken."""
-        with _lock:  # a worker's decode threads take buffers at once
-            return self._take(nbytes)
-
-    def _take(self, nbytes: int) -> torch.UntypedStorage:
-        free = [slot for slot in range(self.slots) if int(self.flags[slot]) == FREE]
+        free = [slot for slot in range(SLOTS) if int(self.flags[slot]) == FREE]
         if not free:
             return torch.UntypedStorage._new_shared(nbytes)
         fitting = [slot for slot in free if self.storages[slot] is not None and self.storages[slot].nbytes() >= nbytes]
@@ -105,7 +100,6 @@ class _Pool:
 
 
 _pool: _Pool | None = None
-_lock = threading.Lock()  # the pool's making and its slots' taking
 
 
 def worker_pool() -> _Pool | None:
@@ -114,14 +108,9 @@ def worker_pool() -> _Pool | None:
     global _pool
     if _pool is not None and _pool.pid == os.getpid():
         return _pool
-    info = get_worker_info()
-    if info is None:
+    if get_worker_info() is None:
         return None
-    with _lock:
-        if _pool is None or _pool.pid != os.getpid():
-            # N decode threads make up to N + 1 batches at once, where one thread makes one (ordered_map)
-            threads = getattr(info.dataset, "decode_threads", 1)
-            _pool = _Pool(SLOTS + (threads if threads > 1 else 0))
+    _pool = _Pool()
     return _pool
 
 

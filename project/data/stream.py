@@ -10,7 +10,6 @@ webdataset's node and worker splitters, whose shard-level split cannot give equa
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 from collections.abc import Iterator, Sequence
@@ -198,13 +197,16 @@ class ShardStream(IterableDataset):
         index, done = resume_point(self.batches_done, len(plans), worker)
         plan = plans[index]
         batches = enumerate(self._sample_batches(plan, done), start=done)
-        if self.decode_threads <= 1:
+        if self.decode_threads <= 1 or not getattr(self.task, "thread_safe", False):
             for number, samples in batches:
                 yield self._batch(samples, plan, number)
             return
-        yield from ordered_map(
-            lambda job: self._batch(job[1], plan, job[0], threaded=True), batches, self.decode_threads
-        )
+        # decode in the threads; collate here, where torch's default generator is this thread's alone
+        decode = functools.partial(self._threaded_examples, plan=plan)
+        for random, decoded in ordered_map(decode, batches, self.decode_threads):
+            with random.continued():
+                batch = self._collated(*decoded)
+            yield batch
 
     def _sample_batches(self, plan: WorkerPlan, done: int) -> Iterator[list]:
         """The plan's encoded samples, grouped into its batches, from batch `done` on."""
@@ -220,26 +222,25 @@ class ShardStream(IterableDataset):
         for size in plan.batch_sizes[done:]:
             yield list(itertools.islice(samples, size))
 
-    def _batch(self, samples: list, plan: WorkerPlan, number: int, threaded: bool = False) -> Batch:
-        """Decode and collate one batch through the task; samples it cannot use are left out and listed.
-        `threaded`: in one of several decode threads, with the batch's own generator state (decode_threads.py)."""
-        # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
-        seed = None if plan.shuffle_seed is None else batch_seed(plan.shuffle_seed, number)
-        if not threaded:
-            with torch.random.fork_rng(devices=[]):
-                if seed is not None:
-                    # the CPU generator only: torch.manual_seed also queues CUDA seeding, with a Python stack
-                    # formatted each call (about 100 us, a tenth of a short-text batch's time)
-                    torch.default_generator.manual_seed(seed)
-                return self._decoded(samples)
-        random = BatchRandom(seed or 0)
-        # a task that does not say its draws take `batch_generator` or `batch_draws` decodes one batch at a time
-        whole = contextlib.nullcontext() if getattr(self.task, "thread_safe", False) else random.swapped_in()
-        with random.current(), whole:
-            return self._decoded(samples)
+    def _batch(self, samples: list, plan: WorkerPlan, number: int) -> Batch:
+        """Decode and collate one batch through the task; samples it cannot use are left out and listed."""
+        with torch.random.fork_rng(devices=[]):
+            if plan.shuffle_seed is not None:
+                # augmentation randomness from (seed, epoch, rank, worker, batch): the same on resume
+                # the CPU generator only: torch.manual_seed also queues CUDA seeding, with a Python stack
+                # formatted each call (about 100 us, a tenth of a short-text batch's time)
+                torch.default_generator.manual_seed(batch_seed(plan.shuffle_seed, number))
+            return self._collated(*self._examples(samples))
 
-    def _decoded(self, samples: list) -> Batch:
-        """The task's batch of the samples it can use, the others listed as skipped."""
+    def _threaded_examples(self, job: tuple[int, list], plan: WorkerPlan) -> tuple[BatchRandom, tuple]:
+        """In a decode thread: a batch's examples, its draws from a generator of its own (decode_threads.py)."""
+        number, samples = job
+        random = BatchRandom(0 if plan.shuffle_seed is None else batch_seed(plan.shuffle_seed, number))
+        with random.current():
+            return random, self._examples(samples)
+
+    def _examples(self, samples: list) -> tuple[list, list[str], list[str], list[Skipped]]:
+        """The task's examples of the samples it can use, their keys and urls, and the others listed as skipped."""
         examples, keys, urls, skipped = [], [], [], []
         for sample in samples:
             if isinstance(sample, Missing):
@@ -262,6 +263,10 @@ class ShardStream(IterableDataset):
             first = skipped[0]  # a stale index's reason does not name the shard
             where = "" if first.url in first.reason else f" (in {first.url})"
             raise ShardError(f"every sample of a batch was unreadable; the first{where}: {first.reason}")
+        return examples, keys, urls, skipped
+
+    def _collated(self, examples: list, keys: list[str], urls: list[str], skipped: list[Skipped]) -> Batch:
+        """The task's batch of the examples, with their keys and urls and the samples skipped."""
         batch = self.task.collate(examples, self.stage)
         if not isinstance(batch, Batch):
             raise TypeError(f"{type(self.task).__name__}.collate must return a Batch, not {type(batch).__name__}")

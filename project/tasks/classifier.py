@@ -23,7 +23,6 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from project.callbacks.media import log_image, media_loggers
-from project.data.decode_threads import exclusive_draws
 from project.errors import UserError
 from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
 
@@ -86,8 +85,7 @@ class Classifier(L.LightningModule):
         if self._trainer is not None:
             batches = self.trainer.fit_loop.epoch_loop.batch_progress.total.ready
         seed = hash((int(os.environ.get("PL_GLOBAL_SEED", 0)), batches, self.global_rank))
-        # decode threads in this process (data.decode_threads) swap batches' states in only outside this block
-        with exclusive_draws(), torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed % 2**63)
             yield
 

@@ -3,7 +3,6 @@ and augmented in the DataLoader workers (or decoded on the training device), bat
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 from pathlib import Path
@@ -14,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchvision.transforms import v2
 
 from project.data.datamodule import ShardDataModule, check_positive
-from project.data.decode_threads import batch_draws, batch_generator
+from project.data.decode_threads import batch_generator
 from project.data.samples import Sample
 from project.data.shared import pooled_empty
 from project.data.stream import ShardStream
@@ -71,7 +70,7 @@ class ImageShards(ClassNames, ShardDataModule):
 
     extensions = WANTED_EXTENSIONS
     label_extensions = frozenset(LABEL_EXTENSIONS)
-    thread_safe = True  # every draw of decode and collate takes batch_generator() or is in batch_draws()
+    thread_safe = True  # every draw of decode takes batch_generator() (collate's run in the loader's thread)
     predict_files = frozenset(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)
 
     def __init__(
@@ -98,18 +97,13 @@ class ImageShards(ClassNames, ShardDataModule):
         self.decode_sizes = {"train": math.ceil(image_size / math.sqrt(smallest))}
         self._classes = classes
 
-    def draws(self, stage: str) -> bool:
-        """Whether `stage`'s whole-image transform may draw from torch's default generator (the `none` preset's
-        resize and center crop draw nothing, nor does evaluation's)."""
-        return stage == "train" and self.augment != "none"
-
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit":
             rank_zero_info(f"augmentation: {self.augmentation()}")
-            per_sample = self.train_rest is not None if self.crop_flip is not None else self.draws("train")
+            per_sample = self.train_rest is not None if self.crop_flip is not None else self.augment != "none"
             if self.decode_threads > 1 and per_sample:
-                # torchvision's per-sample steps hold the GIL and torch's one generator (decode_threads.py)
+                # collate runs them in the loader's own thread, with torch's generator (decode_threads.py)
                 rank_zero_info(
                     "data.decode_threads: torchvision's per-sample steps run one batch at a time; "
                     "worker processes (data.num_workers) run them in parallel"
@@ -172,15 +166,9 @@ class ImageShards(ClassNames, ShardDataModule):
         if images and stage == "train" and self.crop_flip is not None:
             # cropped and flipped by `decode`; the preset's other steps per image (ColorJitter, ...)
             rest = self.train_rest
-            if rest is not None:
-                with batch_draws():  # torchvision's transforms draw from torch's default generator
-                    images = [rest(image) for image in images]
-            transformed = stack_channels_last(images)
-        elif images:
-            with batch_draws() if self.draws(stage) else contextlib.nullcontext():
-                transformed = transform_all(self.transforms[stage], images)
+            transformed = stack_channels_last([rest(image) for image in images] if rest is not None else images)
         else:
-            transformed = None
+            transformed = transform_all(self.transforms[stage], images) if images else None
         label = torch.tensor([example.label for example in examples], dtype=torch.long)
         if len(decoded) == len(examples):
             return ImageBatch(image=transformed, label=label)

@@ -24,7 +24,6 @@ from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
 from project.data.batch import Skipped
-from project.data.decode_threads import exclusive_draws
 from project.errors import DecodeError
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch
 from project.tasks.image.decode import MAX_IMAGE_PIXELS, decode_image
@@ -93,8 +92,7 @@ class DeviceDecoder:
 
     def _augment(self, images: list[torch.Tensor], seed: int) -> torch.Tensor:
         """The training preset: random crops and flips batched, any other steps per image."""
-        # decode threads in this process (data.decode_threads) swap batches' states in only outside this block
-        with exclusive_draws(), torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             if self.crop_scale is None:
                 output = self._resize_center(images)

@@ -67,7 +67,7 @@ class TextShards(ClassNames, ShardDataModule):
 
     extensions = frozenset({"txt", "cls"})
     label_extensions = frozenset({"cls"})
-    thread_safe = True  # every draw of decode and collate takes batch_generator() (decode_threads.py)
+    thread_safe = True  # every draw of decode takes batch_generator() (decode_threads.py)
     predict_files = frozenset({"txt"})  # a plain folder of .txt files: one text each
 
     def __init__(
