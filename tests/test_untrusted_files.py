@@ -267,3 +267,79 @@ def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_one_line(tmp_path):
     assert torch.equal(
         TextClassifier.load_from_checkpoint(tmp_path / "good.ckpt").encoder.ratios, torch.full((10, 3), 2.0)
     )
+
+
+def test_a_checkpoint_whose_weights_hold_nan_is_one_line_and_a_buffers_infinity_loads(tmp_path):
+    """A checkpoint of the right shapes whose weights hold NaN (a run that diverged, a damaged or hostile file)
+    would load and predict one class for everything; it stops in one line naming the tensor. A buffer may hold
+    an infinity (an attention mask's -inf), a parameter may not."""
+    import lightning as L
+
+    from project.tasks.text import TextClassifier
+
+    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True)
+    (parameter, weights), buffer = next(iter(model.named_parameters())), "encoder.idf"
+    assert buffer in model.state_dict() and buffer not in dict(model.named_parameters())
+
+    def save(**changes: torch.Tensor) -> Path:
+        state = {**model.state_dict(), **changes}
+        checkpoint = {
+            "state_dict": state,
+            "hyper_parameters": dict(model.hparams),
+            "pytorch-lightning_version": L.__version__,
+        }
+        torch.save(checkpoint, tmp_path / "model.ckpt")
+        return tmp_path / "model.ckpt"
+
+    nan = weights.detach().clone()
+    nan[0, :2] = float("nan")
+    with pytest.raises(
+        UserError, match=rf"^the checkpoint's {parameter} holds NaN or infinite values \(2 of "
+    ) as error:
+        TextClassifier.load_from_checkpoint(save(**{parameter: nan}))
+    assert "\n" not in str(error.value) and "earlier checkpoint" in str(error.value)
+    infinite_weight = weights.detach().clone()
+    infinite_weight[1, 0] = float("inf")
+    with pytest.raises(UserError, match=rf"^the checkpoint's {parameter} holds NaN or infinite values \(1 of "):
+        TextClassifier.load_from_checkpoint(save(**{parameter: infinite_weight}))
+    with pytest.raises(UserError, match=rf"^the checkpoint's {buffer} holds NaN \(10 of 10\)"):
+        TextClassifier.load_from_checkpoint(save(**{buffer: torch.full((10,), float("nan"))}))
+    infinite = torch.full((10,), float("-inf"))
+    assert torch.equal(TextClassifier.load_from_checkpoint(save(**{buffer: infinite})).encoder.idf, infinite)
+
+
+def test_weights_files_and_pretrained_folders_whose_weights_hold_nan_are_one_line(tmp_path, monkeypatch):
+    """The siblings of a checkpoint: `--model.weights` (a state dict for a backbone) and `model.pretrained`
+    (a Hugging Face folder) are refused in one line naming the tensor, before training starts on them."""
+    from torch import nn
+
+    from project.tasks.image.backbones import load_weights_file
+
+    features, head = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), nn.Linear(4, 2)
+    state = {f"backbone.{k}": v for k, v in features.state_dict().items()}
+    state |= {f"head.{k}": v for k, v in head.state_dict().items()}
+    torch.save(state, tmp_path / "good.pth")
+    load_weights_file(features, head, tmp_path / "good.pth")  # finite: loads
+    state["backbone.1.running_var"] = torch.full((4,), float("nan"))
+    torch.save(state, tmp_path / "nan.pth")
+    with pytest.raises(UserError, match=r"^--model.weights .*nan.pth: 1.running_var holds NaN \(4 of 4\)"):
+        load_weights_file(features, head, tmp_path / "nan.pth")
+    state["backbone.1.running_var"] = torch.ones(4)
+    state["head.weight"] = torch.full((2, 4), float("inf"))
+    torch.save(state, tmp_path / "inf.pth")
+    with pytest.raises(UserError, match=r"^--model.weights .*inf.pth: head.weight holds NaN or infinite values"):
+        load_weights_file(features, head, tmp_path / "inf.pth")
+
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from transformers import DistilBertConfig, DistilBertModel
+
+    from project.tasks.text.pretrained import PretrainedEncoder
+
+    config = DistilBertConfig(vocab_size=50, dim=8, n_layers=1, n_heads=2, hidden_dim=16, max_position_embeddings=16)
+    model = DistilBertModel(config)
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight[3, 0] = float("nan")
+    model.save_pretrained(tmp_path / "bert")
+    with pytest.raises(UserError, match=r"^model.pretrained .*bert: embeddings.word_embeddings.weight holds NaN "):
+        PretrainedEncoder(str(tmp_path / "bert"))

@@ -25,6 +25,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from project.callbacks.media import log_image, media_loggers
 from project.errors import UserError
 from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
+from project.tasks.weights import check_finite
 
 PER_CLASS_SCALARS_UP_TO = 100  # more classes than this: per-class accuracy only in the confusion matrix
 STAGES = ("train", "val", "test")
@@ -115,7 +116,8 @@ class Classifier(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint whose tensors do not fit this model (a damaged or hostile file, or one
         of other settings): Lightning, evaluate, predict and export call this before loading the state dict, which
-        would stop with torch's size-mismatch traceback."""
+        would stop with torch's size-mismatch traceback. So is one whose weights hold NaN, which would load
+        (project/tasks/weights.py)."""
         state, own = checkpoint.get("state_dict"), self.state_dict()
         for name, value in state.items() if isinstance(state, dict) else ():
             if name in own and isinstance(value, torch.Tensor) and value.shape != own[name].shape:
@@ -123,6 +125,10 @@ class Classifier(L.LightningModule):
                     f"the checkpoint's {name} is {tuple(value.shape)} and this model's {tuple(own[name].shape)}: "
                     "it was trained with other settings, or the file is damaged"
                 )
+        if isinstance(state, dict):
+            parameters = {name for name, _ in self.named_parameters()}
+            known = ((name, value) for name, value in state.items() if name in own)
+            check_finite(known, parameters, "the checkpoint's ", "; use an earlier checkpoint")
 
     def on_test_epoch_end(self) -> None:
         """Per-class accuracy as scalars, and the confusion matrix as an image."""

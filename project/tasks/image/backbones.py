@@ -17,6 +17,7 @@ import torchvision
 from torch import nn
 
 from project.errors import UserError
+from project.tasks.weights import check_finite
 
 DOWNLOAD_TIMEOUT_S = 60
 TIMM_PREFIX = "timm:"  # --model.backbone timm:convnext_tiny: any model of timm (the timm extra)
@@ -235,6 +236,9 @@ def load_weights_file(features: nn.Module, head: nn.Linear, path: Path) -> None:
     if missing or wrong:
         what = f"{len(missing)} missing keys, e.g. {missing[0]}" if missing else f"wrong shape for {wrong[0]}"
         raise UserError(f"--model.weights {path}: does not fit this backbone ({what})")
+    parameters = {name for name, _ in features.named_parameters()} | {f"head.{name}" for name in ("weight", "bias")}
+    named = [*feature_state.items(), *((f"head.{name}", value) for name, value in head_state.items())]
+    check_finite(named, parameters, f"--model.weights {path}: ")
     features.load_state_dict(feature_state)
     head_expected = head.state_dict()
     if head_state.keys() == head_expected.keys() and all(

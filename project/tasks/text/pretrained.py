@@ -14,6 +14,7 @@ from torch import nn
 
 from project.errors import UserError
 from project.tasks.text.encoders import masked_mean
+from project.tasks.weights import check_finite
 
 INSTALL = "pip install -e '.[text]'"
 
@@ -60,6 +61,8 @@ class PretrainedEncoder(nn.Module):
             raise UserError(
                 f"model.pretrained: no usable Hugging Face model in {folder} ({_first_line(error)})"
             ) from None
+        parameters = dict(self.model.named_parameters())
+        check_finite([*parameters.items(), *self.model.named_buffers()], parameters, f"model.pretrained {folder}: ")
         self.model.train()  # from_pretrained returns it in eval mode, which Lightning keeps: no dropout in training
         self.dim = self.model.config.hidden_size
         self.folder = folder

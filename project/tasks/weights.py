@@ -1,0 +1,32 @@
+"""Weights from outside (a checkpoint, a `--model.weights` file, a pretrained folder) checked before they are used.
+
+A file of the right shapes whose weights hold NaN loads without complaint, and then every prediction is one class,
+or none: what a run that diverged writes, or a damaged or hostile file. It is refused in one line naming the tensor.
+A parameter may hold no infinity either; a buffer may (an attention mask's -inf).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable
+
+import torch
+
+from project.errors import UserError
+
+
+def check_finite(
+    tensors: Iterable[tuple[str, object]], parameters: Container[str], where: str, advice: str = ""
+) -> None:
+    """A `UserError` naming the first floating tensor of `tensors` ((name, tensor) pairs) holding NaN, or, for a
+    name in `parameters`, NaN or an infinity: "{where}{name} holds ...". Other values are skipped."""
+    for name, value in tensors:
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        parameter = name in parameters
+        bad = ~value.isfinite() if parameter else value.isnan()
+        if count := int(bad.sum()):
+            kind = "NaN or infinite values" if parameter else "NaN"
+            raise UserError(
+                f"{where}{name} holds {kind} ({count:,} of {value.numel():,}): the run that wrote it diverged, "
+                f"or the file is damaged{advice}"
+            )
