@@ -107,7 +107,11 @@ def test_onnx_export_keeps_parity_and_int8_and_pruning_stay_close(trained_run, t
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     (images,) = session.get_inputs()
     assert images.type == "tensor(uint8)" and images.shape[1:] == [3, 16, 16]  # any batch size
-    assert json.loads((tmp_path / "report.json").read_text())["variants"][0]["name"] == "fp32"
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["variants"][0]["name"] == "fp32"
+    checkpoint = torch.load(trained_run / "checkpoints" / "best.ckpt", weights_only=True)
+    assert written["temperature"] == pytest.approx(float(checkpoint["state_dict"]["calibration.temperature"]))
+    assert written["temperature"] != 1.0  # fitted on the run's val split
 
 
 def test_torchscript_export_keeps_parity(trained_run, tmp_path):

@@ -268,6 +268,10 @@ def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and
     assert int(final.encoder.idf_texts) == 480 and idf[0] == 0 and idf[idf > 0].min() >= 1 and idf.max() > 3
     ratios = final.encoder.ratios  # model.nb: each class's column scaled by the ids' log-count ratios
     assert final.hparams.nb and ratios.shape == (final.hparams.vocab_size, 8) and ratios.std(1).max() > 0.5
+    # an SVM's scores sit near +-1: their softmax is too flat, and the val split's temperature sharpens it
+    temperatures = [scalar.value for scalar in events(run).Scalars("val/temperature")]
+    assert len(temperatures) == 10 and float(final.calibration.temperature) == pytest.approx(temperatures[-1])
+    assert temperatures[-1] < 0.7
     test = events(run).Scalars("test/acc")[-1].value
     evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] == pytest.approx(test)

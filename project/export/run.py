@@ -202,6 +202,8 @@ def main(args: list[str] | None = None) -> dict:
         "format": options.format,
         "split": options.split,
         "module_accuracy": module_accuracy,
+        # the exported graph returns logits; softmax(logits / temperature) are predict's calibrated probabilities
+        "temperature": float(cli.model.calibration.temperature) if hasattr(cli.model, "calibration") else 1.0,
         "variants": [asdict(v) for v in results],
     }
     if tokenizer is not None:

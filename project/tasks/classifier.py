@@ -24,6 +24,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from project.callbacks.media import log_image, media_loggers
 from project.errors import UserError
+from project.tasks.calibration import Temperature, upgrade_checkpoint
 from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
 from project.tasks.weights import check_finite
 
@@ -38,7 +39,8 @@ class Prediction:
     Attributes:
         keys: the batch's sample keys, in row order.
         urls: the shard of each row.
-        probs: float32 [B, C] softmax probabilities.
+        probs: float32 [B, C] softmax probabilities, of the logits divided by the val split's temperature
+            (calibration.py).
         embeddings: float32 [B, F], the features the head maps to logits.
         labels: int64 [B], the samples' labels where they have one, else -1 (`labels.NO_LABEL`).
     """
@@ -64,7 +66,7 @@ class Classifier(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> Prediction:
         """Probabilities and embeddings of a batch (`python -m project.predict`, active learning)."""
         embeddings = self.features(batch)
-        probs = self.head(embeddings).float().softmax(-1)
+        probs = self.calibration.probabilities(self.head(embeddings))
         labels = getattr(batch, "label", None)
         return Prediction(list(batch.keys), list(batch.urls), probs, embeddings.float(), labels)
 
@@ -75,6 +77,7 @@ class Classifier(L.LightningModule):
         )
         self.mean_loss = nn.ModuleDict({f"{stage}_loss": MeanMetric() for stage in ("val", "test")})
         self.confusion = MulticlassConfusionMatrix(num_classes)  # test only; synced across ranks
+        self.calibration = Temperature()  # fitted on val: what predict's probabilities are divided by
 
     @contextlib.contextmanager
     def step_randomness(self) -> Iterator[None]:
@@ -107,11 +110,24 @@ class Classifier(L.LightningModule):
             return loss
         if stage == "test":
             self.confusion.update(logits, labels)
+        if stage == "val" and self._trainer is not None and not self._trainer.sanity_checking:
+            self.calibration.update(logits, labels)
         # metric objects sync across ranks once per epoch, weighted by samples: exact under DDP
         self.mean_loss[f"{stage}_loss"].update(loss, weight=size)
         self.log(f"{stage}/loss", self.mean_loss[f"{stage}_loss"], prog_bar=True, batch_size=size)
         self.log(f"{stage}/acc", accuracy, prog_bar=True, batch_size=size)
         return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self.calibration.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        """The temperature of this epoch's weights, from every rank's val samples (not the sanity check's)."""
+        if self.trainer.sanity_checking:
+            return
+        temperature = self.calibration.fit(lambda sums: self.trainer.strategy.reduce(sums, reduce_op="sum"))
+        if temperature is not None:
+            self.log("val/temperature", temperature, rank_zero_only=True)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint whose tensors do not fit this model (a damaged or hostile file, or one
@@ -119,6 +135,8 @@ class Classifier(L.LightningModule):
         would stop with torch's size-mismatch traceback. So is one whose weights hold NaN, which would load
         (project/tasks/weights.py)."""
         state, own = checkpoint.get("state_dict"), self.state_dict()
+        if isinstance(state, dict):
+            upgrade_checkpoint(state)  # a checkpoint from before calibration: T = 1
         for name, value in state.items() if isinstance(state, dict) else ():
             if name in own and isinstance(value, torch.Tensor) and value.shape != own[name].shape:
                 raise UserError(

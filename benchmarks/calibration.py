@@ -1,0 +1,103 @@
+"""Calibration of a run's test predictions: softmax(logits) against softmax(logits / T), T the temperature its
+checkpoint holds (fitted on the val split, project/tasks/calibration.py), side by side on the same test logits.
+
+    python benchmarks/calibration.py logs/text/version_0/checkpoints/last.ckpt [more checkpoints] [--json PATH]
+
+For each: test accuracy (the same for both: dividing by T changes no argmax), the mean probability of the
+predicted class, the expected calibration error (15 equal-width bins of that probability: the gap between
+accuracy and confidence, weighted by the bin's share), and the mean negative log-likelihood of the true class.
+The run's own config.yaml (beside its checkpoints folder) builds its data, as `python -m project.export` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from project.export.run import load_run
+
+BINS = 15
+
+
+def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> float:
+    """Sum over equal-width confidence bins of |accuracy - mean confidence| × the bin's share of the rows."""
+    confidence, predicted = probs.max(1)
+    correct = (predicted == labels).double()
+    edges = torch.linspace(0, 1, bins + 1, dtype=probs.dtype)
+    error = 0.0
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
+        rows = (confidence > low) & (confidence <= high)
+        if rows.any():
+            error += float(rows.double().mean() * (correct[rows].mean() - confidence[rows].double().mean()).abs())
+    return error
+
+
+def summary(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    picked = probs.gather(1, labels[:, None])[:, 0].clamp(min=1e-12)
+    return {
+        "accuracy": float((probs.argmax(1) == labels).double().mean()),
+        "mean_top_probability": float(probs.max(1).values.double().mean()),
+        "ece": expected_calibration_error(probs, labels),
+        "nll": float(-picked.double().log().mean()),
+    }
+
+
+@torch.no_grad()
+def measure(ckpt_path: Path) -> dict:
+    """The test split's logits under the checkpoint's weights, scored raw and divided by its temperature."""
+    cli = load_run(ckpt_path, [])
+    model, data = cli.model, cli.datamodule
+    data.setup("test")
+    logits, labels = [], []
+    for batch in data.test_dataloader():
+        inputs, targets = model.inputs_and_targets(batch)
+        logits.append(model(inputs).float())
+        labels.append(targets)
+    logits, labels = torch.cat(logits), torch.cat(labels)
+    temperature = float(model.calibration.temperature)
+    return {
+        "checkpoint": str(ckpt_path),
+        "test_samples": len(labels),
+        "classes": logits.shape[1],
+        "temperature": temperature,
+        "raw": summary(logits.softmax(1), labels),
+        "calibrated": summary(model.calibration.probabilities(logits), labels),
+    }
+
+
+def table(results: list[dict]) -> str:
+    rows = [
+        "| run | test samples | T | accuracy | mean top p, raw → calibrated | ECE, raw → calibrated "
+        "| NLL, raw → calibrated |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        raw, cal = result["raw"], result["calibrated"]
+        rows.append(
+            f"| {result['checkpoint']} | {result['test_samples']:,} | {result['temperature']:.3f} | "
+            f"{raw['accuracy']:.3f} | {raw['mean_top_probability']:.3f} → {cal['mean_top_probability']:.3f} | "
+            f"{raw['ece']:.3f} → {cal['ece']:.3f} | {raw['nll']:.3f} → {cal['nll']:.3f} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoints of runs (logs/.../checkpoints/x.ckpt)")
+    parser.add_argument("--json", type=Path, help="write the results to this file")
+    args = parser.parse_args(argv)
+    for path in args.checkpoints:
+        if not path.is_file():
+            parser.error(f"{path}: no such checkpoint")
+    results = [measure(path) for path in args.checkpoints]
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
