@@ -250,3 +250,15 @@ def test_fit_says_when_torchvisions_steps_run_one_batch_at_a_time(caplog, augmen
     with caplog.at_level(logging.INFO):
         task.setup("fit")
     assert ("torchvision's per-sample steps run one batch at a time" in caplog.text) == told
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fit_says_that_threads_read_texts_slower_than_one_thread(tmp_path, caplog, threads):
+    from project.tasks.text import TextShards
+
+    from .test_text import make_text_data
+
+    data = TextShards(root=str(make_text_data(tmp_path)), num_workers=0, decode_threads=threads)
+    with caplog.at_level(logging.INFO):
+        data.setup("fit")
+    assert ("tokenizing holds Python's GIL, so threads read texts slower" in caplog.text) == (threads > 1)

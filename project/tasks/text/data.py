@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -159,6 +160,14 @@ class TextShards(ClassNames, ShardDataModule):
     def pad_id(self) -> int:
         ids = (self.tokenizer.token_to_id(token) for token in PAD_TOKENS)
         return next((found for found in ids if found is not None), 0)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit" and self.decode_threads > 1:
+            rank_zero_info(
+                "data.decode_threads: tokenizing holds Python's GIL, so threads read texts slower than one thread "
+                "(0.7-0.8x on real texts, benchmarks/README.md); worker processes (data.num_workers) run it in parallel"
+            )
 
     def prepare_missing(self) -> None:
         """Build the text demo data when the configuration reads it and it is missing."""
