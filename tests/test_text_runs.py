@@ -285,3 +285,24 @@ def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and
     assert (out / "features.json").is_file() and fp32["name"] == "fp32" and fp32["counts"]["samples"] == 60
     assert fp32["max_abs_diff"] < 1e-4 and fp32["top1_agreement"] == 1.0
     assert fp32["accuracy"] == pytest.approx(test)  # the final weights, IDF included, as the run tested them
+
+
+def test_ddp_ranks_share_the_count_of_ids_and_get_the_weights_of_one_count(root, tmp_path):
+    """configs/text/default.yaml on 2 gloo processes: each rank tokenizes half of the training texts for IDF and
+    NB's ratios, and the summed counts give the buffers one process's count of every text gives."""
+    args = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
+    ddp = ["--config", str(REPO / "configs" / "trainer" / "ddp_cpu.yaml"), "--trainer.max_epochs=1"]
+    quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    result = run_module("project.train", *args, *ddp, *quiet, "--data.batch_size=16", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = TextClassifier.load_from_checkpoint(tmp_path / "logs" / "text" / "version_0" / "checkpoints" / "last.ckpt")
+    data = TextShards(root=str(root), tokenizer="hashed", hash_buckets=final.hparams.vocab_size, max_tokens=8192)
+    frequencies, texts = data.document_frequencies(by_class=True)  # one process, every text
+    assert int(final.encoder.idf_texts) == texts == 480
+    one = TextClassifier(**{**final.hparams, "class_names": final.hparams.class_names})
+    one.encoder.set_ratios(torch.from_numpy(frequencies))
+    one.encoder.set_idf(torch.from_numpy(frequencies.sum(1)), texts)
+    assert torch.equal(final.encoder.ratios, one.encoder.ratios) and torch.equal(final.encoder.idf, one.encoder.idf)
+    halves = [data.document_frequencies(by_class=True, part=(rank, 2)) for rank in (0, 1)]
+    assert sum(count for _, count in halves) == texts and 0 < halves[0][1] < texts  # each counted a share
+    assert (halves[0][0] + halves[1][0] == frequencies).all()

@@ -195,18 +195,22 @@ class TextShards(ClassNames, ShardDataModule):
                     except DecodeError:
                         yield None
 
-    def document_frequencies(self, by_class: bool = False) -> tuple[np.ndarray, int]:
+    def document_frequencies(self, by_class: bool = False, part: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, int]:
         """How many training texts hold each id (as the workers encode them, truncated, without token dropout),
         and how many texts were read: model.idf's weights. With `by_class`, the counts per class, [ids, classes]
-        (model.nb's ratios; their sum over classes is the total). A sample training would skip is skipped."""
+        (model.nb's ratios; their sum over classes is the total). A sample training would skip is skipped.
+        `part` (index, parts): count every parts-th sample from the index-th only, so that DDP ranks share the
+        tokenizing and sum their counts (TextClassifier.setup); its progress shows on part 0."""
+        index, parts = part
         shape = (self.vocab_size, self.num_classes) if by_class else (self.vocab_size,)
         frequencies, texts = np.zeros(shape, np.int32 if by_class else np.int64), 0  # ids x classes: halved
         columns = (TextColumn("idf: counting ids in the training texts"), BarColumn(), MofNCompleteColumn())
-        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        progress = Progress(*columns, console=Console(stderr=True), transient=True, disable=index != 0)
+        with progress:
             task = progress.add_task("idf", total=sum(shard.nsamples for shard in self.shards("train")))
-            for read in self.read_texts("train"):
+            for number, read in enumerate(self.read_texts("train")):
                 progress.advance(task)
-                if read is not None:
+                if read is not None and number % parts == index:
                     ids = np.unique(self.tokenizer.encode(read[0]).ids)
                     frequencies[(ids, read[1]) if by_class else ids] += 1
                     texts += 1

@@ -186,7 +186,13 @@ class TextClassifier(Classifier):
         data = self.trainer.datamodule
         if not hasattr(data, "document_frequencies"):
             raise UserError("model.idf and model.nb count ids in the training split: fit with TextShards")
-        frequencies, texts = data.document_frequencies(by_class=nb)
+        # each rank counts its share of the training texts, and the sums are every rank's: the same weights
+        strategy, world = self.trainer.strategy, self.trainer.world_size
+        frequencies, texts = data.document_frequencies(by_class=nb, part=(self.global_rank, world))
+        if world > 1:
+            device = strategy.root_device
+            frequencies = strategy.reduce(torch.from_numpy(frequencies).to(device), reduce_op="sum").cpu().numpy()
+            texts = int(strategy.reduce(torch.tensor(texts, device=device), reduce_op="sum"))
         if len(frequencies) != self.hparams.vocab_size:
             raise UserError(f"the data has {len(frequencies):,} ids and the model {self.hparams.vocab_size:,}")
         if nb:
