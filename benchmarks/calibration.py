@@ -5,7 +5,8 @@ checkpoint holds (fitted on the val split, project/tasks/calibration.py), side b
 
 For each: test accuracy (the same for both: dividing by T changes no argmax), the mean probability of the
 predicted class, the expected calibration error (15 equal-width bins of that probability: the gap between
-accuracy and confidence, weighted by the bin's share), and the mean negative log-likelihood of the true class.
+accuracy and confidence, weighted by the bin's share; torchmetrics' MulticlassCalibrationError, as the runs'
+test/ece), and the mean negative log-likelihood of the true class.
 The run's own config.yaml (beside its checkpoints folder) builds its data, as `python -m project.export` does.
 """
 
@@ -16,6 +17,7 @@ import json
 from pathlib import Path
 
 import torch
+from torchmetrics.classification import MulticlassCalibrationError
 
 from project.export.run import load_run
 
@@ -23,16 +25,10 @@ BINS = 15
 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = BINS) -> float:
-    """Sum over equal-width confidence bins of |accuracy - mean confidence| × the bin's share of the rows."""
-    confidence, predicted = probs.max(1)
-    correct = (predicted == labels).double()
-    edges = torch.linspace(0, 1, bins + 1, dtype=probs.dtype)
-    error = 0.0
-    for low, high in zip(edges[:-1], edges[1:], strict=True):
-        rows = (confidence > low) & (confidence <= high)
-        if rows.any():
-            error += float(rows.double().mean() * (correct[rows].mean() - confidence[rows].double().mean()).abs())
-    return error
+    """Sum over equal-width confidence bins of |accuracy - mean confidence| × the bin's share of the rows
+    (torchmetrics' MulticlassCalibrationError, as the runs' test/ece)."""
+    metric = MulticlassCalibrationError(num_classes=probs.shape[1], n_bins=bins, norm="l1")
+    return float(metric(probs, labels))
 
 
 def summary(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

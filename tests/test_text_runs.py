@@ -272,6 +272,7 @@ def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and
     temperatures = [scalar.value for scalar in events(run).Scalars("val/temperature")]
     assert len(temperatures) == 10 and float(final.calibration.temperature) == pytest.approx(temperatures[-1])
     assert temperatures[-1] < 0.7
+    assert 0 <= events(run).Scalars("test/ece")[-1].value < 0.3  # the calibrated probabilities' calibration error
     test = events(run).Scalars("test/acc")[-1].value
     evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] == pytest.approx(test)

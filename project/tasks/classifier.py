@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassConfusionMatrix
 
 from project.callbacks.media import log_image, media_loggers
 from project.errors import UserError
@@ -71,13 +71,14 @@ class Classifier(L.LightningModule):
         return Prediction(list(batch.keys), list(batch.urls), probs, embeddings.float(), labels)
 
     def setup_metrics(self, num_classes: int) -> None:
-        """Accuracy per stage, mean loss for val and test, and the test confusion matrix."""
+        """Accuracy per stage, mean loss for val and test, the test confusion matrix and calibration error."""
         self.metrics = nn.ModuleDict(
             {f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro") for stage in STAGES}
         )
         self.mean_loss = nn.ModuleDict({f"{stage}_loss": MeanMetric() for stage in ("val", "test")})
         self.confusion = MulticlassConfusionMatrix(num_classes)  # test only; synced across ranks
         self.calibration = Temperature()  # fitted on val: what predict's probabilities are divided by
+        self.calibration_error = MulticlassCalibrationError(num_classes, n_bins=15, norm="l1")  # test only: ECE
 
     @contextlib.contextmanager
     def step_randomness(self) -> Iterator[None]:
@@ -110,6 +111,8 @@ class Classifier(L.LightningModule):
             return loss
         if stage == "test":
             self.confusion.update(logits, labels)
+            self.calibration_error.update(self.calibration.probabilities(logits), labels)
+            self.log("test/ece", self.calibration_error, batch_size=size)  # of the calibrated probabilities
         if stage == "val" and self._trainer is not None and not self._trainer.sanity_checking:
             self.calibration.update(logits, labels)
         # metric objects sync across ranks once per epoch, weighted by samples: exact under DDP
