@@ -54,6 +54,33 @@ def test_one_line_changes_one_callback_and_null_removes_one(tiny_demo):
     assert last._every_n_train_steps == 200 and any(isinstance(c, ThreadPolicy) for c in spot.callbacks)
 
 
+def test_a_step_save_on_an_epochs_last_batch_holds_what_its_validation_changed(tiny_demo, tmp_path):
+    """configs/trainer/spot.yaml's step saves (here every 3 steps, an epoch of 3): last.ckpt is written after the
+    epoch's validation, so it holds the temperature that validation fitted (and a resumed run does not lack it)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint as Lightnings
+
+    from project.callbacks.last_checkpoint import LastCheckpoint
+
+    spot = trainer_of(tiny_demo, f"--config={REPO / 'configs/trainer/spot.yaml'}")
+    assert sum(isinstance(c, LastCheckpoint) for c in spot.callbacks) == 1  # a ModelCheckpoint, options and all
+    assert issubclass(LastCheckpoint, Lightnings)
+    result = run_here(
+        "project.train",
+        f"--data.root={tiny_demo}",
+        *FAST,
+        "--callbacks.last_checkpoint.every_n_train_steps=3",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "logs" / "demo" / "version_0"
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 3
+    fitted = float(
+        torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)["state_dict"]["calibration.temperature"]
+    )
+    assert fitted != 1.0 and float(checkpoint["state_dict"]["calibration.temperature"]) == fitted
+
+
 def test_a_users_progress_bar_and_callbacks_compose_with_the_templates(tiny_demo, tmp_path):
     trainer = trainer_of(tiny_demo, "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar")
     assert sum(isinstance(c, TQDMProgressBar) for c in trainer.callbacks) == 1

@@ -42,11 +42,9 @@ def add_callback_sections(parser: LightningArgumentParser) -> None:
 
 def same_role(ours: Callback, theirs: Callback) -> bool:
     """Whether a callback of `trainer.callbacks` does what one of the sections does (so it replaces it)."""
-    if type(ours) is not type(theirs):
-        return False
-    if isinstance(ours, ModelCheckpoint):
-        return ours.filename == theirs.filename
-    return True
+    if isinstance(ours, ModelCheckpoint) and isinstance(theirs, ModelCheckpoint):
+        return ours.filename == theirs.filename  # a user's plain ModelCheckpoint stands in for our LastCheckpoint
+    return type(ours) is type(theirs)
 
 
 def chosen(sections: Sequence[Callback | None], configured: Sequence[Callback], checkpoints: bool) -> list[Callback]:
