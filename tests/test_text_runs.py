@@ -300,7 +300,7 @@ def test_ddp_ranks_share_the_count_of_ids_and_get_the_weights_of_one_count(root,
     data = TextShards(root=str(root), tokenizer="hashed", hash_buckets=final.hparams.vocab_size, max_tokens=8192)
     frequencies, texts = data.document_frequencies(by_class=True)  # one process, every text
     assert int(final.encoder.idf_texts) == texts == 480
-    one = TextClassifier(**{**final.hparams, "class_names": final.hparams.class_names})
+    one = TextClassifier(**final.hparams)
     one.encoder.set_ratios(torch.from_numpy(frequencies))
     one.encoder.set_idf(torch.from_numpy(frequencies.sum(1)), texts)
     assert torch.equal(final.encoder.ratios, one.encoder.ratios) and torch.equal(final.encoder.idf, one.encoder.idf)

@@ -138,18 +138,18 @@ class Classifier(L.LightningModule):
         would stop with torch's size-mismatch traceback. So is one whose weights hold NaN, which would load
         (project/tasks/weights.py)."""
         state, own = checkpoint.get("state_dict"), self.state_dict()
-        if isinstance(state, dict):
-            upgrade_checkpoint(state)  # a checkpoint from before calibration: T = 1
-        for name, value in state.items() if isinstance(state, dict) else ():
-            if name in own and isinstance(value, torch.Tensor) and value.shape != own[name].shape:
+        if not isinstance(state, dict):
+            return
+        upgrade_checkpoint(state)  # a checkpoint from before calibration: T = 1
+        known = {name: value for name, value in state.items() if name in own}
+        for name, value in known.items():
+            if isinstance(value, torch.Tensor) and value.shape != own[name].shape:
                 raise UserError(
                     f"the checkpoint's {name} is {tuple(value.shape)} and this model's {tuple(own[name].shape)}: "
                     "it was trained with other settings, or the file is damaged"
                 )
-        if isinstance(state, dict):
-            parameters = {name for name, _ in self.named_parameters()}
-            known = ((name, value) for name, value in state.items() if name in own)
-            check_finite(known, parameters, "the checkpoint's ", "; use an earlier checkpoint")
+        parameters = {name for name, _ in self.named_parameters()}
+        check_finite(known.items(), parameters, "the checkpoint's ", "; use an earlier checkpoint")
 
     def on_test_epoch_end(self) -> None:
         """Per-class accuracy as scalars, and the confusion matrix as an image."""
