@@ -3,11 +3,12 @@
     python benchmarks/text_corpora.py --out data/corpora            # build the sets first (offline)
     python benchmarks/text_real.py --corpora data/corpora --work data/text-real \
         [--sets debian-2k,docs-2k] [--variants default cnn transformer bag] [--json results.jsonl] \
-        [--split_seeds 0,1,2]
+        [--split_seeds 0,1,2] [--variants pretrained --pretrained data/models/all-MiniLM-L6-v2]
 
 For each set: `prepare --text` (80/10/10), `tokenizer`, `baseline`, then one training run per variant, each
 with configs/text/default.yaml and the variant's overrides, as a user would type them. A variant is a name
-from VARIANTS or `name:--key=value,--key=value`. Prints a markdown table row per set and variant: test
+from VARIANTS or `name:--key=value,--key=value`; `pretrained` runs configs/text/pretrained.yaml instead,
+fine-tuning the Hugging Face folder that `--pretrained` names. Prints a markdown table row per set and variant: test
 accuracy, the baseline's, epochs run, wall time; the BPE's tokens per word and per byte come from the
 tokenizer's report. Steps that are done (a prepared set, a tokenizer, a baseline) are not redone.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "text" / "default.yaml"
+PRETRAINED = ROOT / "configs" / "text" / "pretrained.yaml"  # the variant `pretrained`, with --pretrained FOLDER
 BPE = ["--data.tokenizer=null", "--data.max_tokens=256", "--data.bucket_by_size=true", "--model.pooling=mean"]
 BPE += ["--data.batch_size=32"]
 CROSS_ENTROPY = ["--model.loss=cross_entropy", "--model.l2_c=null", "--model.weight_decay=0"]  # AdamW, no penalty
@@ -51,6 +53,7 @@ VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE 
         "--model.dropout=0.1",
     ],
     "bag": [*BPE, *CROSS_ENTROPY, "--model.encoder=bag", "--model.dropout=0.5"],
+    "pretrained": [],  # configs/text/pretrained.yaml as it is, with --model.pretrained from --pretrained
 }
 
 
@@ -94,7 +97,8 @@ def baseline(data: Path, logs: Path, name: str) -> tuple[dict, float]:
 
 def train(data: Path, logs: Path, name: str, variant: str, overrides: list[str]) -> dict:
     experiment = f"{name}-{variant}"
-    args = ["project.train", f"--config={CONFIG}", f"--data.root={data}", *overrides]
+    config = PRETRAINED if variant == "pretrained" else CONFIG
+    args = ["project.train", f"--config={config}", f"--data.root={data}", *overrides]
     args += [f"--trainer.logger.init_args.save_dir={logs}", f"--trainer.logger.init_args.name={experiment}"]
     output, seconds = run(*args)
     folder = max((logs / experiment).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
@@ -130,8 +134,16 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["default", "cnn", "transformer", "bag"])
     parser.add_argument("--json", type=Path, help="append each result as a JSON line")
     parser.add_argument("--split_seeds", default="0", type=seed_list, help="prepare's --seed of each split, e.g. 0,1,2")
+    parser.add_argument("--pretrained", type=Path, help="the Hugging Face folder the variant `pretrained` fine-tunes")
     args = parser.parse_args()
     variants = [parse_variant(text) for text in args.variants]
+    if "pretrained" in dict(variants):
+        if args.pretrained is None or not (args.pretrained / "config.json").is_file():
+            sys.exit(f"--variants pretrained needs --pretrained FOLDER holding a config.json, got {args.pretrained}")
+        variants = [
+            (name, [f"--model.pretrained={args.pretrained.resolve()}"] if name == "pretrained" else overrides)
+            for name, overrides in variants
+        ]
     seeds = args.split_seeds
     logs = args.work / "logs"
     print("| set | texts | model | test acc | ÷ baseline | epochs | wall s |\n|---|---|---|---|---|---|---|")

@@ -246,6 +246,39 @@ def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, m
     assert (unmasked - padded)[shorter].abs().max().item() > 1e-4, "the check is live: padding counts unmasked"
 
 
+def test_the_pretrained_config_fine_tunes_a_local_folder_within_its_positions(root, tmp_path, monkeypatch):
+    """configs/text/pretrained.yaml with a folder saved here: the encoder learns at 0.05 x the head's rate,
+    the final weights are tested, and a data.max_tokens past the model's positions is one line, before training."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    pytest.importorskip("transformers")
+    folder = tmp_path / "distilbert"  # 64 positions; the config keeps 128 tokens
+    folder.mkdir()
+    tiny_distilbert(folder, list(split_samples(root, "train").values()))
+    config = ["--config", str(REPO / "configs" / "text" / "pretrained.yaml"), f"--data.root={root}"]
+    config += [f"--model.pretrained={folder}", "--trainer.enable_progress_bar=false"]
+    longer = run_here("project.train", *config, cwd=tmp_path)
+    assert longer.returncode == 2, longer.stderr[-3000:]
+    wanted = "error: data.max_tokens is 128, but model.pretrained has 64 positions: set --data.max_tokens 64 or less"
+    assert longer.stderr.strip().splitlines()[-1] == wanted, longer.stderr[-500:]
+    assert not (tmp_path / "logs").exists()
+
+    args = ["--data.max_tokens=64", "--trainer.max_steps=4", "--trainer.log_every_n_steps=1", "--data.num_workers=0"]
+    args += ["--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1"]
+    result = run_here("project.train", *config, *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "logs" / "text-pretrained" / "version_0"
+    losses = [event.value for event in events(run).Scalars("train/loss")]
+    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
+    rates = {event.step: event.value for event in events(run).Scalars("lr-AdamW/encoder")}
+    heads = {event.step: event.value for event in events(run).Scalars("lr-AdamW/head")}
+    assert rates and all(rates[step] == pytest.approx(0.05 * heads[step]) for step in rates), (rates, heads)
+    assert max(heads.values()) == pytest.approx(1e-3, rel=0.3)
+    checkpoints = {path.name for path in (run / "checkpoints").iterdir()}
+    assert "last.ckpt" in checkpoints and "best.ckpt" not in checkpoints, checkpoints
+    assert events(run).Scalars("test/acc"), "the final weights are tested"
+
+
 def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and_tests_the_final_weights(
     root, tmp_path
 ):

@@ -149,6 +149,7 @@ class TextClassifier(Classifier):
             self.encoder = PretrainedEncoder(pretrained)
             if tokenizer_hash is not None:  # linked from the data (not a model built on its own)
                 self.encoder.check_tokenizer(tokenizer_hash, vocab_size)
+                self.encoder.check_length(max_tokens)
         elif encoder == "ngrams":
             self.encoder = NGramEncoder(vocab_size, dim, ngrams, buckets, pad_id)
         elif encoder in BAGS:

@@ -92,6 +92,15 @@ class PretrainedEncoder(nn.Module):
                 f"{self.model.config.vocab_size}: {hint}"
             )
 
+    def check_length(self, max_tokens: int) -> None:
+        """A text longer than the model's position table would fail in its first long batch, deep in the model."""
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        if isinstance(positions, int) and max_tokens > positions:
+            raise UserError(
+                f"data.max_tokens is {max_tokens}, but model.pretrained has {positions} positions: "
+                f"set --data.max_tokens {positions} or less"
+            )
+
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         states = self.model(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
         return masked_mean(states, mask)
