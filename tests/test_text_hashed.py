@@ -286,3 +286,30 @@ def test_a_fit_with_idf_counts_the_training_split_and_keeps_the_weights_in_the_c
         TextClassifier(encoder="cnn", idf=True)
     with pytest.raises(UserError, match="not a pretrained encoder's: add --model.idf=false --data.tokenizer=null"):
         TextClassifier(encoder="bag", idf=True, pretrained=str(tmp_path))  # refused before the folder is read
+
+
+@pytest.mark.parametrize(("family", "usable"), [("bert", 20), ("roberta", 18)])
+def test_data_max_tokens_past_a_pretrained_models_positions_is_one_line(tmp_path, monkeypatch, family, usable):
+    """A 20-row position table holds 20 tokens for BERT and 18 for RoBERTa, whose position ids start after its
+    padding id (1): one token more is refused in one line, where it would fail in the first long batch."""
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    from project.tasks.text.pretrained import PretrainedEncoder
+
+    sizes = dict(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    name = {"bert": "Bert", "roberta": "Roberta"}[family]
+    config = getattr(transformers, f"{name}Config")(max_position_embeddings=20, pad_token_id=1, **sizes)
+    model = getattr(transformers, f"{name}Model")(config)
+    model.save_pretrained(tmp_path / family)
+    encoder = PretrainedEncoder(str(tmp_path / family))
+    encoder.check_length(usable)
+    tokens = torch.full((1, usable), 5)
+    assert encoder(tokens, torch.ones_like(tokens, dtype=torch.bool)).shape == (1, 8)  # the longest it holds runs
+    wanted = f"data.max_tokens is {usable + 1}, but model.pretrained has {usable} positions"
+    with pytest.raises(UserError, match=f"^{wanted}: set --data.max_tokens {usable} or less$"):
+        encoder.check_length(usable + 1)
+    with pytest.raises((IndexError, RuntimeError)):  # what the check stands in front of, deep in the model
+        tokens = torch.full((1, usable + 1), 5)
+        encoder(tokens, torch.ones_like(tokens, dtype=torch.bool))

@@ -95,6 +95,9 @@ class PretrainedEncoder(nn.Module):
     def check_length(self, max_tokens: int) -> None:
         """A text longer than the model's position table would fail in its first long batch, deep in the model."""
         positions = getattr(self.model.config, "max_position_embeddings", None)
+        offset = getattr(getattr(self.model, "embeddings", None), "padding_idx", None)
+        if isinstance(positions, int) and isinstance(offset, int):
+            positions -= offset + 1  # RoBERTa's position ids start after its padding id: 514 rows hold 512 tokens
         if isinstance(positions, int) and max_tokens > positions:
             raise UserError(
                 f"data.max_tokens is {max_tokens}, but model.pretrained has {positions} positions: "
