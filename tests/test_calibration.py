@@ -146,3 +146,35 @@ def test_the_benchmarks_calibration_error_and_a_missing_checkpoint(tmp_path, cap
     with pytest.raises(SystemExit):
         bench.main([str(tmp_path / "missing.ckpt")])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("missing.ckpt: no such checkpoint")
+
+
+def test_the_text_ensemble_benchmark_sums_calibrated_log_probabilities():
+    """Two models of the same texts: a hinge-like one, right 80% of the time with scores of 0.05, and an
+    overconfident one, right 60% of the time with scores of 10, wrong where the first is right. Summed raw,
+    the loud one decides; each divided by its val-fitted temperature first, the sum trusts the more reliable."""
+    import importlib
+    import sys
+
+    from .conftest import REPO
+
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+    bench = importlib.import_module("text_ensemble")
+    labels = torch.arange(200) % 4
+
+    def scores(wrong: torch.Tensor, scale: float) -> torch.Tensor:
+        picked = torch.where(wrong, (labels + 1) % 4, labels)
+        return torch.nn.functional.one_hot(picked, 4).float() * scale
+
+    index = torch.arange(200)
+    quiet, loud = scores(index % 5 == 0, 0.05), scores((index % 5 == 1) | (index % 5 == 2), 10.0)
+    summed, temperatures = torch.zeros(200, 4), []
+    for logits in (quiet, loud):
+        log_probabilities, temperature = bench.calibrated((logits, labels), logits)  # val and test alike
+        summed += log_probabilities
+        temperatures.append(temperature)
+    accuracy = lambda logits: round(float((logits.argmax(1) == labels).float().mean()), 6)  # noqa: E731
+    assert temperatures[0] < 0.1 < 1 < temperatures[1], temperatures
+    assert accuracy(quiet) == 0.8 and accuracy(loud) == 0.6
+    assert accuracy(quiet.log_softmax(-1) + loud.log_softmax(-1)) == 0.6  # raw: the loud one decides
+    assert accuracy(summed) == 0.8
