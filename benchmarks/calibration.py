@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -42,17 +43,22 @@ def summary(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
+def split_logits(model: torch.nn.Module, loader: Iterable) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's float32 logits over a loader's batches, and their labels, in the loader's order."""
+    logits, labels = [], []
+    for batch in loader:
+        inputs, targets = model.inputs_and_targets(batch)
+        logits.append(model(inputs).float())
+        labels.append(targets)
+    return torch.cat(logits), torch.cat(labels)
+
+
 def measure(ckpt_path: Path) -> dict:
     """The test split's logits under the checkpoint's weights, scored raw and divided by its temperature."""
     cli = load_run(ckpt_path, [])
     model, data = cli.model, cli.datamodule
     data.setup("test")
-    logits, labels = [], []
-    for batch in data.test_dataloader():
-        inputs, targets = model.inputs_and_targets(batch)
-        logits.append(model(inputs).float())
-        labels.append(targets)
-    logits, labels = torch.cat(logits), torch.cat(labels)
+    logits, labels = split_logits(model, data.test_dataloader())
     temperature = float(model.calibration.temperature)
     return {
         "checkpoint": str(ckpt_path),

@@ -3,9 +3,10 @@ its val split best (project.tasks.calibration's grid), then their log-probabilit
 
     python benchmarks/text_ensemble.py --root data/mytexts CKPT CKPT [CKPT ...]
 
-Each checkpoint reads the texts through its own tokenizer: hashed n-grams, the set's BPE, or a pretrained
-model's folder. Prints each model's test accuracy and the sum's; standardised scores summed, and raw
-log-probabilities summed, are printed beside it for comparison (benchmarks/README.md, "After NBSVM").
+Each checkpoint reads the texts as its run's config.yaml says (as `python -m project.export` does), through its
+own tokenizer: hashed n-grams, the set's BPE, or a pretrained model's folder. Prints each model's test accuracy
+and the sum's; standardised scores summed, and raw log-probabilities summed, are printed beside it for comparison
+(benchmarks/README.md, "After NBSVM").
 """
 
 from __future__ import annotations
@@ -15,32 +16,19 @@ import sys
 from pathlib import Path
 
 import torch
+from calibration import split_logits  # benchmarks/calibration.py, beside this script
 
+from project.export.run import load_run
 from project.tasks.calibration import Temperature
-from project.tasks.text import TextClassifier, TextShards
-from project.tasks.text.hashed import HashedNGrams
 
 
-def split_logits(checkpoint: Path, root: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{"val": (logits, labels), "test": (...)} of one checkpoint, read in the loaders' order."""
-    model = TextClassifier.load_from_checkpoint(checkpoint, map_location="cpu").eval()
-    hparams = model.hparams
-    hashed = hparams.tokenizer_hash == HashedNGrams.fingerprint(hparams.vocab_size)
-    tokenizer = hparams.pretrained or ("hashed" if hashed else None)  # None: the set's own BPE
-    options = {"hash_buckets": hparams.vocab_size} if tokenizer == "hashed" else {}
-    data = TextShards(
-        root=str(root), tokenizer=tokenizer, max_tokens=hparams.max_tokens, batch_size=64, num_workers=0, **options
-    )
-    data.setup("test")
-    found = {}
-    for split, loader in (("val", data.val_dataloader()), ("test", data.test_dataloader())):
-        logits, labels = [], []
-        with torch.no_grad():
-            for batch in loader:
-                logits.append(model(batch.tokens).float())
-                labels.append(batch.label)
-        found[split] = (torch.cat(logits), torch.cat(labels))
-    return found
+def run_logits(checkpoint: Path, root: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{"val": (logits, labels), "test": (...)} of one checkpoint, its data built by its run's own config
+    (tokenizer included) on `root`, read in the loaders' order."""
+    cli = load_run(checkpoint, [f"--data.root={root}", "--data.num_workers=0"])
+    cli.datamodule.setup("test")
+    loaders = {"val": cli.datamodule.val_dataloader(), "test": cli.datamodule.test_dataloader()}
+    return {split: split_logits(cli.model, loader) for split, loader in loaders.items()}
 
 
 def calibrated(val: tuple[torch.Tensor, torch.Tensor], test: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -63,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.checkpoints) < 2:
         sys.exit("give two checkpoints or more")
-    runs = [split_logits(path, args.root) for path in args.checkpoints]
+    runs = [run_logits(path, args.root) for path in args.checkpoints]
     labels = runs[0]["test"][1]
     if any(not torch.equal(run[split][1], runs[0][split][1]) for run in runs for split in ("val", "test")):
         sys.exit("the checkpoints' loaders read the texts in different orders: are they of the same splits?")
