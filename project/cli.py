@@ -203,6 +203,12 @@ class PredictCLI(ProjectCLI):
         parser.add_argument("--out", type=str | None, default=None, help="The .jsonl or .parquet file to write.")
         parser.add_argument("--top_k", type=int, default=5, help="Classes listed per row, most probable first.")
         parser.add_argument("--embeddings", type=bool, default=False, help="Add each sample's embedding.")
+        parser.add_argument(
+            "--log_probs",
+            type=bool,
+            default=False,
+            help="Add every class's calibrated log-probability, for python -m project.ensemble.",
+        )
 
 
 def print_help(parser: ArgumentParser, config: Any) -> None:

@@ -1,13 +1,14 @@
 """Predict with one checkpoint on data with or without labels, streaming rows to a JSONL or Parquet file.
 
     python -m project.predict --ckpt_path PATH --data.predict SPEC --out FILE [--top_k K] [--embeddings true]
-        [--config FILE]... [--section.key V]...
+        [--log_probs true] [--config FILE]... [--section.key V]...
 
 SPEC is anything a split takes (a folder of shards, a shard index, a glob, a brace pattern, a URL, a list),
 or a plain folder of the files the task reads (images; .txt files for the text task). Each sample is read
 exactly once over every rank and worker (the evaluation plan), and each row holds its key (a plain folder's
 file path), the predicted class and its probability, the top-k classes with theirs, the label when the
-sample has one, and with `--embeddings true` the features before the head. Rows reach the disk as they are
+sample has one, with `--embeddings true` the features before the head, and with `--log_probs true` every
+class's calibrated log-probability (what `python -m project.ensemble` adds up). Rows reach the disk as they are
 made; under DDP each rank writes its part and rank 0 merges them at the end. A killed run, started again
 with the same command, continues where each rank stopped. The run's own config.yaml (next to its
 checkpoints/ folder) is loaded after configs/default.yaml, as for `project.evaluate`.
@@ -72,6 +73,7 @@ def main(args: list[str] | None = None) -> int:
         config.embeddings,
         key_name=unpack_key if PACKED_KEY in index.extra else str,
         identity=f"{ckpt.resolve()}:{ckpt.stat().st_size}:{ckpt.stat().st_mtime_ns}",
+        log_probs=config.log_probs,
     )
     cli.trainer.callbacks.append(writer)
     cli.trainer.predict(model, datamodule=data, ckpt_path=str(ckpt), return_predictions=False)

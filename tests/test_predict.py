@@ -4,6 +4,7 @@ plain folders of files, Parquet, and one-line errors."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tarfile
 from pathlib import Path
@@ -109,6 +110,33 @@ def test_a_killed_predict_started_again_finishes_with_each_row_once(checkpoint, 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming after 4 batches" in resumed.stdout + resumed.stderr
     assert sorted(read_rows(out), key=lambda row: row["key"]) == sorted(single, key=lambda row: row["key"])
+
+
+def test_log_probs_rows_are_the_calibrated_distribution_and_ensemble_joins_them_by_key(
+    checkpoint, single, tiny_demo, tmp_path
+):
+    """`--log_probs true` adds every class's log-probability; two predicts of the test split in different
+    batches, added by project.ensemble, give that model's accuracy and its predicted classes."""
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    for out, extra in ((first, []), (second, ["--data.batch_size=8", "--data.num_workers=1"])):
+        args = [*predict_args(checkpoint, tiny_demo / "test", out, "--log_probs=true"), *extra]
+        result = run_here("project.predict", *args, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    rows, by_key = read_rows(first), {row["key"]: row for row in single}
+    classes = json.loads((tiny_demo / "test" / "shardindex.json").read_text())["classes"]
+    for row in rows:
+        assert list(row["log_probs"]) == classes
+        probs = {name: math.exp(value) for name, value in row["log_probs"].items()}
+        assert sum(probs.values()) == pytest.approx(1, abs=1e-3) and max(probs, key=probs.get) == row["pred"]
+        assert probs[row["pred"]] == pytest.approx(by_key[row["key"]]["prob"], abs=1e-4)
+    out = tmp_path / "ensemble.jsonl"
+    result = run_here("project.ensemble", str(first), str(second), f"--out={out}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    accuracy = sum(row["pred"] == row["label"] for row in single) / len(single)
+    assert summary["samples"] == len(single) and summary["left_out"] == 0
+    assert summary["acc"] == pytest.approx(accuracy) and set(summary["members"].values()) == {summary["acc"]}
+    assert {row["key"]: row["pred"] for row in read_rows(out)} == {key: row["pred"] for key, row in by_key.items()}
 
 
 def test_a_plain_folder_of_images_is_predicted_by_file_path_into_parquet(checkpoint, tiny_demo, tmp_path):

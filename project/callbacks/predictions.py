@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,13 +43,15 @@ def check_output(out: Path) -> None:
 
 class PredictionWriter(L.Callback):
     """Writes `Prediction`s as rows: key, pred (class name), pred_index, prob, top_classes, top_probs, label
-    (when the sample has one) and embedding (with `embeddings`).
+    (when the sample has one), embedding (with `embeddings`) and log_probs (with `log_probs`).
 
     Args:
         out: the merged output file (.jsonl or .parquet).
         class_names: the model's classes, to name predictions.
         top_k: classes listed per row, most probable first.
         embeddings: add each sample's embedding (the features before the head).
+        log_probs: add every class's calibrated log-probability, {class name: value}, for
+            `python -m project.ensemble`.
         key_name: turns a sample key into what the row shows (a packed folder's file path).
         identity: what else the plan depends on (the checkpoint), for resuming.
     """
@@ -62,9 +64,10 @@ class PredictionWriter(L.Callback):
         embeddings: bool = False,
         key_name: Callable[[str], str] = str,
         identity: str = "",
+        log_probs: bool = False,
     ) -> None:
         self.out, self.class_names = Path(out), list(class_names)
-        self.top_k, self.embeddings = min(top_k, len(class_names)), embeddings
+        self.top_k, self.embeddings, self.log_probs = min(top_k, len(class_names)), embeddings, log_probs
         self.key_name, self.identity = key_name, identity
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.file = None
@@ -82,6 +85,7 @@ class PredictionWriter(L.Callback):
             "shards": shards.hexdigest(),
             "top_k": self.top_k,
             "embeddings": self.embeddings,
+            "log_probs": self.log_probs,
             "identity": self.identity,
         }
 
@@ -125,6 +129,10 @@ class PredictionWriter(L.Callback):
         top = probs.topk(self.top_k, dim=1)
         labels = prediction.labels.tolist() if prediction.labels is not None else [-1] * len(prediction.keys)
         embeddings = prediction.embeddings.detach().cpu().tolist() if self.embeddings else None
+        log_probs = None
+        if self.log_probs:  # a model whose predict_step gives probabilities only: their log, floored
+            given = getattr(prediction, "log_probs", None)
+            log_probs = (given if given is not None else probs.clamp_min(1e-38).log()).detach().cpu().tolist()
         names = self.class_names
         for row, key in enumerate(prediction.keys):
             indexes, values = top.indices[row].tolist(), top.values[row].tolist()
@@ -140,6 +148,8 @@ class PredictionWriter(L.Callback):
                 record["label"] = names[labels[row]] if labels[row] < len(names) else str(labels[row])
             if embeddings is not None:
                 record["embedding"] = [round(v, 6) for v in embeddings[row]]
+            if log_probs is not None:
+                record["log_probs"] = {name: round(v, 5) for name, v in zip(names, log_probs[row], strict=True)}
             yield record
 
     def save_progress(self, done: bool) -> None:
@@ -151,7 +161,8 @@ class PredictionWriter(L.Callback):
         self.save_progress(done=True)
         trainer.strategy.barrier("predictions-written")
         if trainer.is_global_zero:
-            self.merged_rows = merge(self.parts, trainer.world_size, self.out, self.embeddings)
+            lines = part_lines(self.parts, trainer.world_size)
+            self.merged_rows = write_rows(self.out, lines, self.embeddings, self.log_probs)
             shutil.rmtree(self.parts, ignore_errors=True)
         trainer.strategy.barrier("predictions-merged")
 
@@ -166,18 +177,19 @@ def part_lines(parts: Path, world_size: int) -> Iterator[bytes]:
             yield from part
 
 
-def merge(parts: Path, world_size: int, out: Path, embeddings: bool = False) -> int:
-    """The parts as one file at `out` (JSONL as is, or Parquet in row groups); returns the row count."""
+def write_rows(out: Path, lines: Iterable[bytes], embeddings: bool = False, log_probs: bool = False) -> int:
+    """JSON lines (rows) as one file at `out`, whole or absent: JSONL as they are, or Parquet in row groups
+    (with the embedding and log_probs columns when asked for); returns the row count."""
     rows = 0
     if out.suffix == ".jsonl":
 
         def write(merged: IO[bytes]) -> None:
             nonlocal rows
-            for line in part_lines(parts, world_size):
+            for line in lines:
                 merged.write(line)
                 rows += 1
 
-        write_atomically(out, write)  # whole or absent
+        write_atomically(out, write)
         return rows
 
     def write_parquet(temporary: Path) -> None:
@@ -195,9 +207,10 @@ def merge(parts: Path, world_size: int, out: Path, embeddings: bool = False) -> 
             ("label", pa.string()),
         ]
         fields += [("embedding", pa.list_(pa.float32()))] if embeddings else []
+        fields += [("log_probs", pa.map_(pa.string(), pa.float32()))] if log_probs else []
         schema, chunk = pa.schema(fields), []
         with pq.ParquetWriter(str(temporary), schema) as writer:
-            for line in part_lines(parts, world_size):
+            for line in lines:
                 chunk.append(json.loads(line))
                 if len(chunk) == PARQUET_ROWS:
                     writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
@@ -205,5 +218,5 @@ def merge(parts: Path, world_size: int, out: Path, embeddings: bool = False) -> 
             writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
             rows += len(chunk)
 
-    replace_atomically(out, write_parquet)  # whole or absent
+    replace_atomically(out, write_parquet)
     return rows

@@ -41,6 +41,10 @@ class Temperature(nn.Module):
         """softmax(logits / T), in float32."""
         return (logits.float() / self.temperature).softmax(-1)
 
+    def log_probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """log softmax(logits / T), in float32: finite where a probability underflows to 0."""
+        return (logits.float() / self.temperature).log_softmax(-1)
+
     def reset(self) -> None:
         self.nll.zero_()
         self.count.zero_()

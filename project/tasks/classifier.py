@@ -43,6 +43,8 @@ class Prediction:
             (calibration.py).
         embeddings: float32 [B, F], the features the head maps to logits.
         labels: int64 [B], the samples' labels where they have one, else -1 (`labels.NO_LABEL`).
+        log_probs: float32 [B, C], the log of `probs` computed from the logits (finite where a probability
+            underflows), for adding several models' predictions (`python -m project.ensemble`).
     """
 
     keys: list[str]
@@ -50,6 +52,7 @@ class Prediction:
     probs: torch.Tensor
     embeddings: torch.Tensor
     labels: torch.Tensor | None
+    log_probs: torch.Tensor | None = None
 
 
 class Classifier(L.LightningModule):
@@ -66,9 +69,10 @@ class Classifier(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> Prediction:
         """Probabilities and embeddings of a batch (`python -m project.predict`, active learning)."""
         embeddings = self.features(batch)
-        probs = self.calibration.probabilities(self.head(embeddings))
+        logits = self.head(embeddings)
+        probs, log_probs = self.calibration.probabilities(logits), self.calibration.log_probabilities(logits)
         labels = getattr(batch, "label", None)
-        return Prediction(list(batch.keys), list(batch.urls), probs, embeddings.float(), labels)
+        return Prediction(list(batch.keys), list(batch.urls), probs, embeddings.float(), labels, log_probs)
 
     def setup_metrics(self, num_classes: int) -> None:
         """Accuracy per stage, mean loss for val and test, the test confusion matrix and calibration error."""
