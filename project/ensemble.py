@@ -20,13 +20,15 @@ inputs, or labels that disagree, are one line, before anything is written.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from project.commands import Spellings, run_command
 from project.errors import UserError, run_main
@@ -47,6 +49,8 @@ def check(predictions: list[str], out: str | None, top_k: int) -> list[Path]:
             raise UserError(f"{path}: a prediction file ends in {' or '.join(FORMATS)}")
         if not path.is_file():
             raise UserError(f"prediction file not found: {path}")
+        if path.suffix == ".parquet" and importlib.util.find_spec("pyarrow") is None:
+            raise UserError(f'{path}: reading Parquet needs pyarrow: pip install -e ".[parquet]"')
     if len(set(paths)) < len(paths):
         raise UserError("a prediction file is given twice: it would count its model twice")
     if top_k < 1:
@@ -58,23 +62,24 @@ def check(predictions: list[str], out: str | None, top_k: int) -> list[Path]:
     return paths
 
 
-def read_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line number, row) of a JSONL or Parquet file; a JSONL line that is not JSON gives None."""
+def read_rows(path: Path, advance: Callable[[int], Any] = lambda done: None) -> Iterator[tuple[int, Any]]:
+    """(line number, row) of a JSONL or Parquet file; a JSONL line that is not JSON gives None. `advance` is
+    told the bytes (JSONL) or rows (Parquet) read."""
     if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise UserError(f'{path}: reading Parquet needs pyarrow: pip install -e ".[parquet]"') from None
+        import pyarrow.parquet as pq  # there: check() asked for it
+
         number = 0
         for batch in pq.ParquetFile(path).iter_batches(columns=["key", "label", "log_probs"]):
             for row in batch.to_pylist():
                 number += 1
+                advance(1)
                 if isinstance(row.get("log_probs"), list):  # Parquet's map reads back as (key, value) pairs
                     row["log_probs"] = dict(row["log_probs"])
                 yield number, row
         return
     with open(path, "rb") as lines:
         for number, line in enumerate(lines, 1):
+            advance(len(line))
             try:
                 yield number, json.loads(line)
             except (ValueError, UnicodeDecodeError):
@@ -115,39 +120,58 @@ class Combined:
 
     def add(self, index: int, path: Path, quiet: bool) -> None:
         skipped, reasons, keys_here = 0, [], set()
-        for number, row in read_rows(path):
-            values = row_values(row, self.classes)
-            if isinstance(values, str) and self.classes is not None and values.startswith("classes "):
-                raise UserError(
-                    f"{path} has other classes than the first input ({values[8:]}, ...): "
-                    "are these models of the same task?"
-                )
-            if isinstance(values, str) or values[0] in keys_here:
-                skipped += 1
-                reasons.append(f"line {number}: {values if isinstance(values, str) else 'a key given twice'}")
-                continue
-            key, names, log_probs, label = values
-            keys_here.add(key)
-            self.classes = self.classes or names
-            slot = self.slot.get(key)
-            if slot is None:  # new here (after the first input, a sample some input lacks: left out below)
-                self.slot[key] = slot = len(self.sums)
-                self.sums.append(np.zeros(len(names)))
-                self.labels.append(label)
-                self.predicted.append([])
-                self.seen.append(0)
-            if label is not None and self.labels[slot] is not None and label != self.labels[slot]:
-                raise UserError(
-                    f"{path} labels {key!r} {label!r} where an input before labels it "
-                    f"{self.labels[slot]!r}: are these predictions of the same samples?"
-                )
-            self.labels[slot] = self.labels[slot] or label
-            self.sums[slot] += log_probs
-            self.predicted[slot] += [-1] * (index - len(self.predicted[slot])) + [int(log_probs.argmax())]
-            self.seen[slot] += 1
+        with Progress(*progress_columns(path), disable=quiet, transient=True) as progress:
+            task = progress.add_task(path.name, total=size(path))
+            for number, row in read_rows(path, lambda done: progress.advance(task, done)):
+                skipped += self.add_row(index, path, number, row, keys_here, reasons)
         self.skipped[str(path)] = skipped
         if skipped and not quiet:
             print(f"{path}: {skipped} rows skipped ({'; '.join(reasons[:3])})", file=sys.stderr)
+
+    def add_row(self, index: int, path: Path, number: int, row: Any, keys_here: set[str], reasons: list[str]) -> int:
+        """Adds one row of input `index`; 1 when it was skipped (its reason appended), else 0."""
+        values = row_values(row, self.classes)
+        if isinstance(values, str) and self.classes is not None and values.startswith("classes "):
+            raise UserError(
+                f"{path} has other classes than the first input ({values[8:]}, ...): are these models of the same task?"
+            )
+        if isinstance(values, str) or values[0] in keys_here:
+            reasons.append(f"line {number}: {values if isinstance(values, str) else 'a key given twice'}")
+            return 1
+        key, names, log_probs, label = values
+        keys_here.add(key)
+        self.classes = self.classes or names
+        slot = self.slot.get(key)
+        if slot is None:  # new here (after the first input, a sample some input lacks: left out below)
+            self.slot[key] = slot = len(self.sums)
+            self.sums.append(np.zeros(len(names)))
+            self.labels.append(label)
+            self.predicted.append([])
+            self.seen.append(0)
+        if label is not None and self.labels[slot] is not None and label != self.labels[slot]:
+            raise UserError(
+                f"{path} labels {key!r} {label!r} where an input before labels it {self.labels[slot]!r}: "
+                "are these predictions of the same samples?"
+            )
+        self.labels[slot] = self.labels[slot] or label
+        self.sums[slot] += log_probs
+        self.predicted[slot] += [-1] * (index - len(self.predicted[slot])) + [int(log_probs.argmax())]
+        self.seen[slot] += 1
+        return 0
+
+
+def size(path: Path) -> int:
+    """What the progress bar counts to: a JSONL file's bytes, a Parquet file's rows."""
+    if path.suffix != ".parquet":
+        return path.stat().st_size
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def progress_columns(path: Path) -> tuple:
+    counted = DownloadColumn() if path.suffix != ".parquet" else MofNCompleteColumn()
+    return TextColumn("{task.description}"), BarColumn(), counted, TimeRemainingColumn()
 
 
 def ensemble_rows(combined: Combined, count: int, top_k: int) -> Iterator[bytes]:
@@ -201,7 +225,7 @@ def ensemble(predictions: list[str], out: str | None = None, top_k: int = 5, qui
         predictions: project.predict's outputs (.jsonl or .parquet), each written with --log_probs true.
         out: where to write the combined rows (.jsonl or .parquet): key, pred, prob, top classes, label.
         top_k: classes listed per row, most probable first.
-        quiet: no lines about skipped rows.
+        quiet: no progress bars or lines about skipped rows.
     """
     from project.callbacks.predictions import write_rows
 
