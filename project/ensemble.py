@@ -82,7 +82,7 @@ def read_rows(path: Path, advance: Callable[[int], Any] = lambda done: None) -> 
             advance(len(line))
             try:
                 yield number, json.loads(line)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past the parser
                 yield number, None
 
 

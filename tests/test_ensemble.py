@@ -67,14 +67,16 @@ def test_rows_that_cannot_be_used_are_skipped_and_counted_and_partial_samples_le
     good = [row(f"k{i}", [0.6, 0.3, 0.1], "a") for i in range(4)]
     nan = row("k9", [0.6, 0.3, 0.1]) | {"log_probs": {"a": float("nan"), "b": -1.0, "c": -2.0}}
     unnormalised = row("k8", [0.6, 0.3, 0.1]) | {"log_probs": {"a": -0.1, "b": -0.1, "c": -0.1}}
-    first = write(tmp_path / "one.jsonl", [*good, "{not json", {"pred": "a"}, nan, unnormalised, good[0]])
+    first = write(
+        tmp_path / "one.jsonl", [*good, "{not json", {"pred": "a"}, nan, unnormalised, good[0], "[" * 100_000]
+    )
     missing_log_probs = {k: v for k, v in row("k3", [0.2, 0.2, 0.6], "a").items() if k != "log_probs"}
     second = write(tmp_path / "two.jsonl", [row(f"k{i}", [0.2, 0.2, 0.6], "a") for i in range(3)] + [missing_log_probs])
     result, summary = ensemble(str(first), str(second), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert summary["skipped_rows"] == {str(first): 5, str(second): 1}
+    assert summary["skipped_rows"] == {str(first): 6, str(second): 1}
     assert summary["samples"] == 3 and summary["left_out"] == 1  # k3: only the first file could be read for it
-    assert "one.jsonl: 5 rows skipped (line 5: not a row with a key; line 6: not a row with a key" in result.stderr
+    assert "one.jsonl: 6 rows skipped (line 5: not a row with a key; line 6: not a row with a key" in result.stderr
     assert "1 samples are not in every input: left out" in result.stderr
     # a sum of 0.6 · 0.2 on a against 0.1 · 0.6 on c: a, the label
     assert summary["members"] == {str(first): 1.0, str(second): 0.0} and summary["acc"] == 1.0
