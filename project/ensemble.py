@@ -66,10 +66,8 @@ def read_rows(path: Path, advance: Callable[[int], Any] = lambda done: None) -> 
     """(line number, row) of a JSONL or Parquet file; a JSONL line that is not JSON gives None. `advance` is
     told the bytes (JSONL) or rows (Parquet) read."""
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # there: check() asked for it
-
         number = 0
-        for batch in pq.ParquetFile(path).iter_batches(columns=["key", "label", "log_probs"]):
+        for batch in parquet_file(path).iter_batches(columns=["key", "label", "log_probs"]):
             for row in batch.to_pylist():
                 number += 1
                 advance(1)
@@ -160,13 +158,24 @@ class Combined:
         return 0
 
 
+def parquet_file(path: Path) -> Any:
+    """The Parquet file, once it opens and has predict's columns with log_probs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq  # there: check() asked for it
+
+    try:
+        opened = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise UserError(f"{path} cannot be read as Parquet: {str(error).splitlines()[0]}") from None
+    missing = {"key", "label", "log_probs"} - set(opened.schema_arrow.names)
+    if missing:
+        raise UserError(f"{path} has no {', '.join(sorted(missing))} column: predict with --log_probs true")
+    return opened
+
+
 def size(path: Path) -> int:
     """What the progress bar counts to: a JSONL file's bytes, a Parquet file's rows."""
-    if path.suffix != ".parquet":
-        return path.stat().st_size
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(path).metadata.num_rows
+    return path.stat().st_size if path.suffix != ".parquet" else parquet_file(path).metadata.num_rows
 
 
 def progress_columns(path: Path) -> tuple:

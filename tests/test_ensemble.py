@@ -112,6 +112,12 @@ def test_parquet_predictions_are_read_and_written(tmp_path):
     _, from_jsonl = ensemble(str(quiet), str(loud), cwd=tmp_path)
     assert summary["acc"] == from_jsonl["acc"] and summary["samples"] == 5
     assert sorted(pq.read_table(out).column("key").to_pylist()) == [f"k{i}" for i in range(5)]
+    without = tmp_path / "without.parquet"
+    assert write_rows(without, lines) == 5  # no --log_probs: no column
+    assert_user_error(run_here("project.ensemble", str(without), str(loud), cwd=tmp_path), "has no log_probs column")
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(as_parquet.read_bytes()[:200])
+    assert_user_error(run_here("project.ensemble", str(broken), str(loud), cwd=tmp_path), "cannot be read as Parquet")
 
 
 def test_bad_arguments_and_mismatched_inputs_are_one_line_before_anything_is_written(tmp_path):
