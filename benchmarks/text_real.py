@@ -3,7 +3,8 @@
     python benchmarks/text_corpora.py --out data/corpora            # build the sets first (offline)
     python benchmarks/text_real.py --corpora data/corpora --work data/text-real \
         [--sets debian-2k,docs-2k] [--variants default cnn transformer bag] [--json results.jsonl] \
-        [--split_seeds 0,1,2] [--variants pretrained --pretrained data/models/all-MiniLM-L6-v2]
+        [--split_seeds 0,1,2] [--variants pretrained --pretrained data/models/all-MiniLM-L6-v2] \
+        [--ensemble default+pretrained]
 
 For each set: `prepare --text` (80/10/10), `tokenizer`, `baseline`, then one training run per variant, each
 with configs/text/default.yaml and the variant's overrides, as a user would type them. A variant is a name
@@ -11,6 +12,10 @@ from VARIANTS or `name:--key=value,--key=value`; `pretrained` runs configs/text/
 fine-tuning the Hugging Face folder that `--pretrained` names. Prints a markdown table row per set and variant: test
 accuracy, the baseline's, epochs run, wall time; the BPE's tokens per word and per byte come from the
 tokenizer's report. Steps that are done (a prepared set, a tokenizer, a baseline) are not redone.
+
+`--ensemble A+B` adds a row per set for the variants' latest runs there (this invocation's, or an earlier one's
+in the same --work), combined as a user would: `predict --log_probs true` of the test split with each run's
+tested checkpoint, then `python -m project.ensemble`. `--variants` may then be empty, to combine runs made before.
 
 A 2k set's test split holds 200 texts, so one text is half a point and the split alone moves a model by
 several. `--split_seeds 0,1,2` splits each set again with `prepare --seed N` (in WORK/SET-splitN; 0 is the
@@ -110,6 +115,34 @@ def train(data: Path, logs: Path, name: str, variant: str, overrides: list[str])
     }
 
 
+def tested_checkpoint(folder: Path) -> Path:
+    """The checkpoint a run's test read: best.ckpt where the config kept one, else the final weights."""
+    best = folder / "checkpoints" / "best.ckpt"
+    return best if best.is_file() else folder / "checkpoints" / "last.ckpt"
+
+
+def ensemble(data: Path, logs: Path, name: str, members: list[str]) -> dict:
+    """The test accuracy of the members' latest runs on `data`, their calibrated log-probabilities added."""
+    files, seconds = [], 0.0
+    for member in members:
+        runs = sorted((logs / f"{name}-{member}").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+        if not runs or not tested_checkpoint(runs[-1]).is_file():
+            sys.exit(f"--ensemble: no finished run of {member} on {name} in {logs}: add it to --variants")
+        out = runs[-1] / "test-log-probs.jsonl"
+        if not out.is_file():
+            predict = [
+                "project.predict",
+                f"--ckpt_path={tested_checkpoint(runs[-1])}",
+                f"--data.predict={data / 'test'}",
+            ]
+            _, took = run(*predict, f"--out={out}", "--log_probs=true", "--trainer.enable_progress_bar=false")
+            seconds += took
+        files.append(str(out))
+    output, took = run("project.ensemble", *files, "--quiet=true")
+    found = json.loads(output.strip().splitlines()[-1])
+    return {"test_acc": found["acc"], "epochs": "-", "seconds": seconds + took, "members": found["members"]}
+
+
 def parse_variant(text: str) -> tuple[str, list[str]]:
     if text in VARIANTS:
         return text, VARIANTS[text]
@@ -131,7 +164,8 @@ def main() -> None:
     parser.add_argument("--corpora", type=Path, default=ROOT / "data" / "corpora")
     parser.add_argument("--work", type=Path, default=ROOT / "data" / "text-real")
     parser.add_argument("--sets", default="debian-2k,debian-10k,debian-50k,docs-2k,docs-10k")
-    parser.add_argument("--variants", nargs="+", default=["default", "cnn", "transformer", "bag"])
+    parser.add_argument("--variants", nargs="*", default=["default", "cnn", "transformer", "bag"])
+    parser.add_argument("--ensemble", nargs="*", default=[], help="variants to combine, e.g. default+pretrained")
     parser.add_argument("--json", type=Path, help="append each result as a JSON line")
     parser.add_argument("--split_seeds", default="0", type=seed_list, help="prepare's --seed of each split, e.g. 0,1,2")
     parser.add_argument("--pretrained", type=Path, help="the Hugging Face folder the variant `pretrained` fine-tunes")
@@ -161,8 +195,12 @@ def main() -> None:
             rows = [{"set": name, "split_seed": seed, "model": "baseline", "test_acc": base, "seconds": seconds}]
             rows[0]["tokenizer"] = tokenizer
             results.setdefault((name, "linear baseline"), []).append((base, base))
-            for variant, overrides in variants:
-                result = train(data, logs, run_name, variant, overrides)
+            combined = [(spec, None) for spec in args.ensemble]
+            for variant, overrides in [*variants, *combined]:
+                if overrides is None:
+                    result = ensemble(data, logs, run_name, variant.split("+"))
+                else:
+                    result = train(data, logs, run_name, variant, overrides)
                 ratio = result["test_acc"] / base
                 line = f"| {run_name} | {texts:,} | {variant} | {result['test_acc']:.3f} | {ratio:.2f} |"
                 print(f"{line} {result['epochs']} | {result['seconds']:.0f} |", flush=True)
