@@ -10,7 +10,7 @@ apart, on their own tokenizers or image sizes, are read by their own configs; th
 the sample's key, so their order and batch sizes do not matter. The sum of calibrated log-probabilities (a
 product of experts) picks the class; the rows' probabilities are softmax(sum / n), the normalised geometric
 mean of the n models' probabilities, which stays as sure as its models where the product would be surer than
-any (benchmarks/README.md, "Several models").
+any (benchmarks/README.md, "After NBSVM").
 
 Printed: each model's accuracy and the ensemble's on the samples that carry labels, then one JSON object on
 the last line, for scripts. A row that cannot be read (not JSON, no key, log-probabilities missing, not finite
@@ -34,7 +34,6 @@ from project.commands import Spellings, run_command
 from project.errors import UserError, run_main
 
 MODULE = "project.ensemble"
-NO_LABEL = -1
 
 
 def check(predictions: list[str], out: str | None, top_k: int) -> list[Path]:
@@ -51,7 +50,7 @@ def check(predictions: list[str], out: str | None, top_k: int) -> list[Path]:
             raise UserError(f"prediction file not found: {path}")
         if path.suffix == ".parquet" and importlib.util.find_spec("pyarrow") is None:
             raise UserError(f'{path}: reading Parquet needs pyarrow: pip install -e ".[parquet]"')
-    if len(set(paths)) < len(paths):
+    if len({path.resolve() for path in paths}) < len(paths):
         raise UserError("a prediction file is given twice: it would count its model twice")
     if top_k < 1:
         raise UserError(f"--top_k must be at least 1, got {top_k}")

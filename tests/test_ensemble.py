@@ -131,6 +131,7 @@ def test_bad_arguments_and_mismatched_inputs_are_one_line_before_anything_is_wri
         ([str(quiet), str(tmp_path / "none.jsonl")], "prediction file not found"),
         ([str(quiet), str(tmp_path / "rows.csv")], "ends in .jsonl or .parquet"),
         ([str(quiet), str(quiet)], "given twice"),
+        ([str(quiet), f"{tmp_path}/./{quiet.name}"], "given twice"),
         ([str(quiet), str(loud), "--top_k=0"], "--top_k must be at least 1"),
         ([str(quiet), str(loud), f"--out={tmp_path / 'out.txt'}"], "must end in .jsonl or .parquet"),
         ([str(quiet), str(loud), f"--out={loud}"], "is one of the inputs"),
