@@ -112,8 +112,11 @@ class Combined:
         self.sums: list[np.ndarray] = []
         self.labels: list[str | None] = []
         self.predicted: list[list[int]] = []  # per row, each input's argmax (-1: not in that input)
-        self.seen: list[int] = []  # per row, how many inputs held it
         self.skipped: dict[str, int] = {}  # per input, rows that could not be used
+
+    def complete(self, slot: int, count: int) -> bool:
+        """Whether each of the `count` inputs held the row's sample."""
+        return len(self.predicted[slot]) == count and -1 not in self.predicted[slot]
 
     def add(self, index: int, path: Path, quiet: bool) -> None:
         skipped, reasons, keys_here = 0, [], set()
@@ -144,7 +147,6 @@ class Combined:
             self.sums.append(np.zeros(len(names)))
             self.labels.append(label)
             self.predicted.append([])
-            self.seen.append(0)
         if label is not None and self.labels[slot] is not None and label != self.labels[slot]:
             raise UserError(
                 f"{path} labels {key!r} {label!r} where an input before labels it {self.labels[slot]!r}: "
@@ -153,7 +155,6 @@ class Combined:
         self.labels[slot] = self.labels[slot] or label
         self.sums[slot] += log_probs
         self.predicted[slot] += [-1] * (index - len(self.predicted[slot])) + [int(log_probs.argmax())]
-        self.seen[slot] += 1
         return 0
 
 
@@ -186,7 +187,7 @@ def ensemble_rows(combined: Combined, count: int, top_k: int) -> Iterator[bytes]
     """The combined rows of the samples every input holds, as JSON lines."""
     names = combined.classes or []
     for key, slot in combined.slot.items():
-        if combined.seen[slot] < count:
+        if not combined.complete(slot, count):
             continue
         log_probs = combined.sums[slot] / count
         probs = np.exp(log_probs - log_probs.max())
@@ -209,7 +210,7 @@ def summary(combined: Combined, paths: list[Path]) -> dict[str, Any]:
     """Accuracy of each input and of the sum on the labelled samples every input holds, and the counts."""
     names = combined.classes or []
     index = {name: i for i, name in enumerate(names)}
-    complete = [slot for slot in combined.slot.values() if combined.seen[slot] == len(paths)]
+    complete = [slot for slot in combined.slot.values() if combined.complete(slot, len(paths))]
     labelled = [slot for slot in complete if combined.labels[slot] in index]
     result: dict[str, Any] = {
         "samples": len(complete),
