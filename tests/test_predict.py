@@ -83,8 +83,8 @@ def test_one_process_predicts_every_key_exactly_once(single, tiny_demo):
 
 def test_two_processes_predict_every_key_exactly_once_with_the_same_rows(checkpoint, single, tiny_demo, tmp_path):
     out = tmp_path / "ddp.jsonl"
-    args = predict_args(checkpoint, tiny_demo / "test", out, "--config", str(REPO / "configs/trainer/ddp_cpu.yaml"))
-    result = run_module("project.predict", *args, cwd=tmp_path)
+    ddp = ("--config", str(REPO / "configs/trainer/ddp_cpu.yaml"), "--log_probs=true")
+    result = run_module("project.predict", *predict_args(checkpoint, tiny_demo / "test", out, *ddp), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_rows(out)
     assert len(rows) == len(single) and len({row["key"] for row in rows}) == len(rows)
@@ -92,6 +92,8 @@ def test_two_processes_predict_every_key_exactly_once_with_the_same_rows(checkpo
     for row in rows:
         assert row["pred"] == by_key[row["key"]]["pred"]
         assert row["prob"] == pytest.approx(by_key[row["key"]]["prob"], abs=1e-4)
+        # each rank writes every class's log-probability of its own samples (for project.ensemble)
+        assert math.exp(row["log_probs"][row["pred"]]) == pytest.approx(row["prob"], abs=1e-4)
 
 
 def test_a_killed_predict_started_again_finishes_with_each_row_once(checkpoint, single, tiny_demo, tmp_path):
