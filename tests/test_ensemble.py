@@ -173,3 +173,24 @@ def test_the_join_holds_a_batch_of_rows_in_memory_not_a_sum_per_sample(tmp_path)
     small, large = peak(3_000), peak(12_000)
     assert large < 1.3 * small, (small, large)
     assert not list(tmp_path.glob(".ensemble-*"))  # the scratch table is gone with the command
+
+
+@pytest.mark.parametrize("newline_at", ["the limit's end", "past it"])
+def test_a_row_over_the_limit_is_skipped_unread_and_the_next_row_is_read(tmp_path, monkeypatch, newline_at):
+    """A stranger's JSONL line may hold gigabytes: it is passed over in chunks, never held or parsed, and counted."""
+    import project.callbacks.predictions  # noqa: F401
+    from project.ensemble import ensemble as combine
+    from project.ensemble import join
+
+    monkeypatch.setattr(join, "MAX_ROW_BYTES", 1000)
+    quiet, loud = quiet_and_loud(tmp_path)
+    lines = quiet.read_text().splitlines()
+    long = row("k1", [0.5, 0.3, 0.2], "b", padding="x" * (1000 - 120 if newline_at == "the limit's end" else 5000))
+    long_line = json.dumps(long)
+    if newline_at == "the limit's end":  # the newline is the limit's 1001st byte: the line is over it, whole
+        long_line += " " * (1000 - len(long_line))
+    assert len(long_line) >= 1000
+    mixed = write(tmp_path / "mixed.jsonl", [lines[0], long_line, *lines[2:]])
+    summary = combine([str(mixed), str(loud)], quiet=True)
+    assert summary["skipped_rows"] == {str(mixed): 1, str(loud): 0}
+    assert summary["samples"] == 4 and summary["left_out"] == 1  # k1 only in the loud file; k2 read after it

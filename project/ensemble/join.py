@@ -22,11 +22,13 @@ from project.errors import UserError
 BATCH = 2048  # rows read before they are merged into the table in one transaction
 SCHEMA = "CREATE TABLE samples (key TEXT PRIMARY KEY, label TEXT, sums BLOB NOT NULL, predicted BLOB NOT NULL)"
 MISSING = -1  # an input's predicted class where it did not hold the sample
+MAX_ROW_BYTES = 16 << 20  # a JSONL row longer is skipped unread: 100,000 classes' log-probabilities take 2.5 MB
+TOO_LONG = object()  # read_rows' stand-in for such a row
 
 
 def read_rows(path: Path, advance: Callable[[int], Any] = lambda done: None) -> Iterator[tuple[int, Any]]:
-    """(line number, row) of a JSONL or Parquet file; a JSONL line that is not JSON gives None. `advance` is
-    told the bytes (JSONL) or rows (Parquet) read."""
+    """(line number, row) of a JSONL or Parquet file; a JSONL line that is not JSON gives None, and one over
+    MAX_ROW_BYTES gives TOO_LONG. `advance` is told the bytes (JSONL) or rows (Parquet) read."""
     if path.suffix == ".parquet":
         number = 0
         for batch in parquet_file(path).iter_batches(columns=["key", "label", "log_probs"]):
@@ -38,8 +40,16 @@ def read_rows(path: Path, advance: Callable[[int], Any] = lambda done: None) -> 
                 yield number, row
         return
     with open(path, "rb") as lines:
-        for number, line in enumerate(lines, 1):
+        number = 0
+        while line := lines.readline(MAX_ROW_BYTES + 1):
+            number += 1
             advance(len(line))
+            if len(line) > MAX_ROW_BYTES:  # a stranger's line could hold gigabytes: passed over, never held
+                while not line.endswith(b"\n") and (rest := lines.readline(MAX_ROW_BYTES)):
+                    advance(len(rest))
+                    line = rest
+                yield number, TOO_LONG
+                continue
             try:
                 yield number, json.loads(line)
             except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past the parser
@@ -48,6 +58,8 @@ def read_rows(path: Path, advance: Callable[[int], Any] = lambda done: None) -> 
 
 def row_values(row: Any, classes: list[str] | None) -> tuple[str, list[str], np.ndarray, str | None] | str:
     """(key, class names, log-probabilities, label) of a row, or why it cannot be used."""
+    if row is TOO_LONG:
+        return f"a row over {MAX_ROW_BYTES >> 20} MiB"
     if not isinstance(row, dict) or not isinstance(row.get("key"), str):
         return "not a row with a key"
     given = row.get("log_probs")
