@@ -142,4 +142,5 @@ def test_text_real_reports_each_model_beside_the_baseline_on_each_split(tmp_path
     assert (tmp_path / "work" / "tiny-split1" / "train" / "baseline.json").is_file()
     printed = done.stdout.splitlines()
     assert "means over 2 splits:" in printed
-    assert sum(line.startswith("| tiny | ") for line in printed) == 4  # a mean per model
+    means = printed[printed.index("means over 2 splits:") :]
+    assert sum(line.startswith("| tiny | ") for line in means) == 4  # a mean per model
