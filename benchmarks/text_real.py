@@ -9,7 +9,8 @@
 For each set: `prepare --text` (80/10/10), `tokenizer`, `baseline`, then one training run per variant, each
 with configs/text/default.yaml and the variant's overrides, as a user would type them. A variant is a name
 from VARIANTS or `name:--key=value,--key=value`; `pretrained` runs configs/text/pretrained.yaml instead,
-fine-tuning the Hugging Face folder that `--pretrained` names. Prints a markdown table row per set and variant: test
+fine-tuning the Hugging Face folder that `--pretrained` names, and `combined` configs/text/combined.yaml (that
+folder and an n-gram branch, in one model). Prints a markdown table row per set and variant: test
 accuracy, the baseline's, epochs run, wall time; the BPE's tokens per word and per byte come from the
 tokenizer's report. Steps that are done (a prepared set, a tokenizer, a baseline) are not redone.
 
@@ -36,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "text" / "default.yaml"
 PRETRAINED = ROOT / "configs" / "text" / "pretrained.yaml"  # the variant `pretrained`, with --pretrained FOLDER
+COMBINED = ROOT / "configs" / "text" / "combined.yaml"  # the variant `combined`: the folder and an n-gram branch
 BPE = ["--data.tokenizer=null", "--data.max_tokens=256", "--data.bucket_by_size=true", "--model.pooling=mean"]
 BPE += ["--data.batch_size=32"]
 CROSS_ENTROPY = ["--model.loss=cross_entropy", "--model.l2_c=null", "--model.weight_decay=0"]  # AdamW, no penalty
@@ -59,7 +61,9 @@ VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE 
     ],
     "bag": [*BPE, *CROSS_ENTROPY, "--model.encoder=bag", "--model.dropout=0.5"],
     "pretrained": [],  # configs/text/pretrained.yaml as it is, with --model.pretrained from --pretrained
+    "combined": [],  # configs/text/combined.yaml as it is, with --model.pretrained from --pretrained
 }
+CONFIGS = {"pretrained": PRETRAINED, "combined": COMBINED}
 
 
 def run(*args: str) -> tuple[str, float]:
@@ -102,7 +106,7 @@ def baseline(data: Path, logs: Path, name: str) -> tuple[dict, float]:
 
 def train(data: Path, logs: Path, name: str, variant: str, overrides: list[str]) -> dict:
     experiment = f"{name}-{variant}"
-    config = PRETRAINED if variant == "pretrained" else CONFIG
+    config = CONFIGS.get(variant, CONFIG)
     args = ["project.train", f"--config={config}", f"--data.root={data}", *overrides]
     args += [f"--trainer.logger.init_args.save_dir={logs}", f"--trainer.logger.init_args.name={experiment}"]
     output, seconds = run(*args)
@@ -171,11 +175,11 @@ def main() -> None:
     parser.add_argument("--pretrained", type=Path, help="the Hugging Face folder the variant `pretrained` fine-tunes")
     args = parser.parse_args()
     variants = [parse_variant(text) for text in args.variants]
-    if "pretrained" in dict(variants):
+    if needing := [name for name, _ in variants if name in CONFIGS]:
         if args.pretrained is None or not (args.pretrained / "config.json").is_file():
-            sys.exit(f"--variants pretrained needs --pretrained FOLDER holding a config.json, got {args.pretrained}")
+            sys.exit(f"--variants {needing[0]} needs --pretrained FOLDER holding a config.json, got {args.pretrained}")
         variants = [
-            (name, [f"--model.pretrained={args.pretrained.resolve()}"] if name == "pretrained" else overrides)
+            (name, [f"--model.pretrained={args.pretrained.resolve()}"] if name in CONFIGS else overrides)
             for name, overrides in variants
         ]
     seeds = args.split_seeds

@@ -38,6 +38,7 @@ LINKS = (
     ("pad_id", "pad_id"),
     ("max_tokens", "max_tokens"),
     ("tokenizer_hash", "tokenizer_hash"),
+    ("ngram_buckets", "ngram_buckets"),
 )
 
 # Lightning's hints for datasets that do not plan their own split per rank and worker; ours do.

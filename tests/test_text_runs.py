@@ -190,13 +190,19 @@ def tiny_distilbert(folder: Path, texts: list[str]) -> None:
     DistilBertModel(config).save_pretrained(folder)
 
 
-def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, monkeypatch):
+def tiny_folder(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`tiny_distilbert` in tmp_path/distilbert, made on the training texts, with Hugging Face kept offline."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     pytest.importorskip("transformers")
     folder = tmp_path / "distilbert"
     folder.mkdir()
     tiny_distilbert(folder, list(split_samples(root, "train").values()))
+    return folder
+
+
+def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, monkeypatch):
+    folder = tiny_folder(root, tmp_path, monkeypatch)
     assert all(module.training for module in TextClassifier(pretrained=str(folder)).modules()), "dropout would be off"
     tokenizer = str(folder / "tokenizer.json")
     # the data's own BPE named by hand: its ids would fit the embeddings and train on nonsense
@@ -249,12 +255,7 @@ def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, m
 def test_the_pretrained_config_fine_tunes_a_local_folder_within_its_positions(root, tmp_path, monkeypatch):
     """configs/text/pretrained.yaml with a folder saved here: the encoder learns at 0.05 x the head's rate,
     the final weights are tested, and a data.max_tokens past the model's positions is one line, before training."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-    pytest.importorskip("transformers")
-    folder = tmp_path / "distilbert"  # 64 positions; the config keeps 128 tokens
-    folder.mkdir()
-    tiny_distilbert(folder, list(split_samples(root, "train").values()))
+    folder = tiny_folder(root, tmp_path, monkeypatch)  # 64 positions; the config keeps 128 tokens
     config = ["--config", str(REPO / "configs" / "text" / "pretrained.yaml"), f"--data.root={root}"]
     config += [f"--model.pretrained={folder}", "--trainer.enable_progress_bar=false"]
     longer = run_here("project.train", *config, cwd=tmp_path)

@@ -81,8 +81,10 @@ def hand_loop_rate(model: torch.nn.Module, data, steps: int, device: torch.devic
     for step, batch in enumerate(data.train_dataloader()):
         if step == steps:
             break
-        inputs, targets = (tensor.to(device, non_blocking=True) for tensor in model.inputs_and_targets(batch))
-        loss = F.cross_entropy(model(inputs), targets)
+        inputs, targets = model.inputs_and_targets(batch)  # inputs: forward's one tensor, or a tuple of them
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        inputs = [tensor.to(device, non_blocking=True) for tensor in inputs]
+        loss = F.cross_entropy(model(*inputs), targets.to(device, non_blocking=True))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -128,6 +128,11 @@ def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
             f"project.export checks an export on batches of its split, so it needs a model with "
             f"inputs_and_targets(batch) (what forward takes, and the labels); {type(cli.model).__name__} has none"
         )
+    if getattr(cli.model, "hparams", {}).get("ngram_branch", False):
+        raise UserError(
+            "project.export writes models of one input, and model.ngram_branch reads two (tokens and hashed n-grams): "
+            "predict with project.predict instead"
+        )
     cli.model.cpu().eval()
     return cli
 

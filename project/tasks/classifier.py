@@ -66,10 +66,14 @@ class Classifier(L.LightningModule):
         """The batch's feature vectors [B, F], before the head."""
         raise NotImplementedError(f"{type(self).__name__} must define features(batch)")
 
+    def logits_and_features(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's logits, and the feature vectors they come from (a subclass may add to the logits)."""
+        features = self.features(batch)
+        return self.head(features), features
+
     def predict_step(self, batch: Any, batch_idx: int) -> Prediction:
         """Probabilities and embeddings of a batch (`python -m project.predict`, active learning)."""
-        embeddings = self.features(batch)
-        logits = self.head(embeddings)
+        logits, embeddings = self.logits_and_features(batch)
         probs, log_probs = self.calibration.probabilities(logits), self.calibration.log_probabilities(logits)
         labels = getattr(batch, "label", None)
         return Prediction(list(batch.keys), list(batch.urls), probs, embeddings.float(), labels, log_probs)

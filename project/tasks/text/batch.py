@@ -12,10 +12,12 @@ from project.data.batch import Batch
 
 
 class TextExample(NamedTuple):
-    """One decoded sample: its token ids (truncated, augmented) and its label."""
+    """One decoded sample: its token ids (truncated, augmented), its label, and its hashed n-gram ids when the
+    data module adds them (data.ngram_ids)."""
 
     tokens: list[int]
     label: int
+    ngrams: list[int] | None = None
 
 
 @dataclass(kw_only=True)
@@ -27,11 +29,14 @@ class TextBatch(Batch):
             (dynamic padding), not `max_tokens`.
         lengths: int64 [B], the real tokens of each row.
         label: int64 [B] class indexes.
+        ngrams: int64 [B, M] or None: each text's hashed word and character n-gram ids (data.ngram_ids), padded
+            with 0 to the batch's longest, for a model's n-gram branch (model.ngram_branch).
     """
 
     tokens: torch.Tensor
     lengths: torch.Tensor
     label: torch.Tensor
+    ngrams: torch.Tensor | None = None
 
     def padding_share(self) -> float:
         """The share of `tokens` that is padding."""
@@ -41,11 +46,20 @@ class TextBatch(Batch):
 def pad_examples(examples: list[TextExample], pad_id: int) -> TextBatch:
     """A `TextBatch` of the examples, each padded at the end to the longest of them."""
     lengths = [len(example.tokens) for example in examples]
-    tokens = np.full((len(examples), max(lengths)), pad_id, dtype=np.int64)
-    for row, example in enumerate(examples):
-        tokens[row, : lengths[row]] = example.tokens
+    ngrams = None
+    if examples and examples[0].ngrams is not None:  # hashed n-grams' padding is id 0 (hashed.py)
+        ngrams = torch.from_numpy(padded([example.ngrams for example in examples], 0))
     return TextBatch(
-        tokens=torch.from_numpy(tokens),
+        tokens=torch.from_numpy(padded([example.tokens for example in examples], pad_id)),
         lengths=torch.tensor(lengths, dtype=torch.long),
         label=torch.tensor([example.label for example in examples], dtype=torch.long),
+        ngrams=ngrams,
     )
+
+
+def padded(rows: list[list[int]], pad_id: int) -> np.ndarray:
+    """The rows as one int64 array [len(rows), longest], each padded at the end with `pad_id`."""
+    array = np.full((len(rows), max((len(row) for row in rows), default=0)), pad_id, dtype=np.int64)
+    for number, row in enumerate(rows):
+        array[number, : len(row)] = row
+    return array

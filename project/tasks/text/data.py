@@ -13,8 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from project.data.datamodule import ShardDataModule, check_positive
 from project.data.decode_threads import batch_generator
@@ -25,6 +23,7 @@ from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
 from project.tasks.labels import MAX_LABEL_BYTES, NO_LABEL, ClassNames, label_index
 from project.tasks.text.batch import TextBatch, TextExample, pad_examples
+from project.tasks.text.frequencies import count_documents
 from project.tasks.text.hashed import NAME as HASHED
 from project.tasks.text.hashed import HashedNGrams
 from project.tasks.text.tokenizer import (
@@ -58,7 +57,11 @@ class TextShards(ClassNames, ShardDataModule):
             project.tasks.text.tokenizer DATA` writes it there, and records its hash in the index: a run with
             a tokenizer that differs from the recorded one stops).
         max_tokens: tokens kept of each text (the first ones); with `hashed`, the most ids of a text.
-        hash_buckets: the ids hashed n-grams are spread over (`tokenizer: hashed`): the model's vocabulary.
+        hash_buckets: the ids hashed n-grams are spread over (`tokenizer: hashed`, or `ngram_ids`): the model's
+            vocabulary, or its n-gram branch's.
+        ngram_ids: beside each text's tokens, its hashed word and character n-grams (as `tokenizer: hashed` makes
+            them), at most this many ids: what a pretrained model's n-gram branch reads (model.ngram_branch,
+            configs/text/default.yaml: 8192, about a text's first 1,600 characters). 0, the default: none.
         token_dropout: training augmentation: the share of each text's tokens dropped at random (special
             tokens are kept), seeded per batch, so a resumed run drops the same ones.
         classes: class names, when the shard index does not record them.
@@ -76,6 +79,7 @@ class TextShards(ClassNames, ShardDataModule):
         tokenizer: str | None = None,
         max_tokens: int = 128,
         hash_buckets: int = 1 << 18,
+        ngram_ids: int = 0,
         token_dropout: float = 0.0,
         classes: list[str] | None = None,
         **kwargs: Any,
@@ -83,13 +87,31 @@ class TextShards(ClassNames, ShardDataModule):
         check_positive(max_tokens=max_tokens)
         if hash_buckets < 2:
             raise UserError(f"data.hash_buckets must be 2 or more, got {hash_buckets}")
+        if ngram_ids < 0:
+            raise UserError(f"data.ngram_ids must be 0 (none) or positive, got {ngram_ids}")
+        if ngram_ids and tokenizer == HASHED:
+            raise UserError(
+                "data.ngram_ids adds hashed n-grams beside a tokenizer's tokens, and data.tokenizer is "
+                "hashed already: set one of them"
+            )
         if not 0 <= token_dropout < 1:
             raise UserError(f"data.token_dropout must be in [0, 1), got {token_dropout}")
         super().__init__(**kwargs)
         self.tokenizer_file, self.max_tokens, self.token_dropout = tokenizer, max_tokens, token_dropout
-        self.hash_buckets = hash_buckets
+        self.hash_buckets, self.ngram_ids = hash_buckets, ngram_ids
         self._classes = classes
         self._tokenizer = None  # loaded where it is used: once in each DataLoader worker
+
+    @property
+    def ngram_buckets(self) -> int:
+        """The ids of the hashed n-grams beside the tokens (data.ngram_ids), or 0 without them: linked to the
+        model's n-gram branch."""
+        return self.hash_buckets if self.ngram_ids else 0
+
+    @cached_property
+    def ngram_encoder(self) -> HashedNGrams | None:
+        """What encodes the n-grams beside the tokens, or None without them."""
+        return HashedNGrams(self.hash_buckets, self.ngram_ids) if self.ngram_ids else None
 
     @property
     def hashed(self) -> bool:
@@ -195,26 +217,16 @@ class TextShards(ClassNames, ShardDataModule):
                     except DecodeError:
                         yield None
 
-    def document_frequencies(self, by_class: bool = False, part: tuple[int, int] = (0, 1)) -> tuple[np.ndarray, int]:
-        """How many training texts hold each id (as the workers encode them, truncated, without token dropout),
-        and how many texts were read: model.idf's weights. With `by_class`, the counts per class, [ids, classes]
-        (model.nb's ratios; their sum over classes is the total). A sample training would skip is skipped.
-        `part` (index, parts): count every parts-th sample from the index-th only, so that DDP ranks share the
-        tokenizing and sum their counts (TextClassifier.setup); its progress shows on part 0."""
-        index, parts = part
-        shape = (self.vocab_size, self.num_classes) if by_class else (self.vocab_size,)
-        frequencies, texts = np.zeros(shape, np.int32 if by_class else np.int64), 0  # ids x classes: halved
-        columns = (TextColumn("idf: counting ids in the training texts"), BarColumn(), MofNCompleteColumn())
-        progress = Progress(*columns, console=Console(stderr=True), transient=True, disable=index != 0)
-        with progress:
-            task = progress.add_task("idf", total=sum(shard.nsamples for shard in self.shards("train")))
-            for number, read in enumerate(self.read_texts("train")):
-                progress.advance(task)
-                if read is not None and number % parts == index:
-                    ids = np.unique(self.tokenizer.encode(read[0]).ids)
-                    frequencies[(ids, read[1]) if by_class else ids] += 1
-                    texts += 1
-        return frequencies, texts
+    def document_frequencies(
+        self, by_class: bool = False, part: tuple[int, int] = (0, 1), ngrams: bool = False
+    ) -> tuple[np.ndarray, int]:
+        """How many training texts hold each id, and how many texts were read: model.idf's weights, and with
+        `by_class` model.nb's counts per class (frequencies.py). With `ngrams`, of the hashed n-grams beside the
+        tokens (data.ngram_ids), which a model's n-gram branch weighs."""
+        if ngrams and self.ngram_encoder is None:
+            raise UserError("model.ngram_branch reads hashed n-grams beside the tokens: set data.ngram_ids (8192)")
+        encoder, vocabulary = (self.ngram_encoder, self.hash_buckets) if ngrams else (self.tokenizer, self.vocab_size)
+        return count_documents(self, encoder, vocabulary, by_class, part)
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids (padding left out), for reports."""
@@ -223,6 +235,7 @@ class TextShards(ClassNames, ShardDataModule):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_tokenizer"] = None
+        state.pop("ngram_encoder", None)  # made again where it is used
         return state
 
     # -- in the DataLoader workers --------------------------------------------------------------------
@@ -238,7 +251,8 @@ class TextShards(ClassNames, ShardDataModule):
             special = encoding.special_tokens_mask
             kept = [token for token, gone, keep in zip(tokens, drop, special, strict=True) if keep or not gone]
             tokens = kept if len(kept) > sum(special) else tokens
-        return TextExample(tokens, label)
+        ngrams = None if self.ngram_encoder is None else self.ngram_encoder.encode(text).ids
+        return TextExample(tokens, label, ngrams)
 
     def text_and_label(self, sample: Sample, stage: str) -> tuple[str, int]:
         """The sample's text (its start, `text_prefix`) and class index; a `DecodeError` for one that cannot be
@@ -258,7 +272,8 @@ class TextShards(ClassNames, ShardDataModule):
         """The start of a text that can hold `max_tokens` tokens (CHARS_PER_TOKEN characters each): a
         tokenizer's work is linear in what it is given, and a member may hold 512 MiB, so the rest is never
         decoded. Invalid UTF-8 within that start is a `UnicodeDecodeError`."""
-        return text_prefix(data, self.max_tokens * CHARS_PER_TOKEN)
+        # hashed n-grams read at most 2 characters per id of the text's start (hashed.py)
+        return text_prefix(data, max(self.max_tokens * CHARS_PER_TOKEN, self.ngram_ids))
 
     @staticmethod
     def label_text(sample: Sample) -> str:

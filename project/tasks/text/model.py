@@ -11,26 +11,17 @@ from torch import nn
 
 from project.callbacks.media import log_text, media_loggers
 from project.errors import UserError
-from project.tasks.classifier import Classifier, decay_groups
+from project.tasks.classifier import Classifier, decay_groups, squared_hinge, training_samples
 from project.tasks.text.batch import TextBatch
+from project.tasks.text.branch import Bias, NGramBranch, check_branch, standardised
 from project.tasks.text.encoders import BagEncoder, ConvEncoder, NGramEncoder, TransformerEncoder
+from project.tasks.text.frequencies import set_counts
 from project.tasks.text.hashed import HashedNGrams
 from project.tasks.text.pretrained import PretrainedEncoder
 
 TABLE_ROWS = 16  # texts of the first training batch shown in TensorBoard
 BAGS = ("bag", "linear")  # the encoders that pool their ids' embeddings, and so can weigh them by IDF
 LARGE_LINEAR = 1 << 26  # weights of linear's table past which a run is told what it costs (256 MiB in float32)
-
-
-class Bias(nn.Module):
-    """linear's head: a bias per class added to the pooled embeddings, which are already the class scores."""
-
-    def __init__(self, num_classes: int) -> None:
-        super().__init__()
-        self.bias = nn.Parameter(torch.zeros(num_classes))
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return features + self.bias
 
 
 class TextClassifier(Classifier):
@@ -88,6 +79,14 @@ class TextClassifier(Classifier):
         l2_c: an L2 penalty on every parameter (embeddings and biases included) with scikit-learn's C: the
             loss gets ||w||^2 / (2 * l2_c * N), N the training texts, so one value suits 2,000 texts and
             50,000. Smaller is stronger. It replaces weight_decay; Adam (not AdamW) then takes the steps.
+        ngram_branch: beside the encoder, an NBSVM on the hashed word and character n-grams the data adds
+            (data.ngram_ids): configs/text/ngrams.yaml's model (root-pooled TF-IDF, naive-Bayes ratios, squared
+            hinge, L2 penalty), trained on its own loss in the same steps. The two models' class scores are each
+            standardised over the classes, per text, and added: the logits. They err on different texts, so the
+            sum beats both (benchmarks/README.md, "Text on real data"); configs/text/default.yaml.
+        ngram_buckets: the n-grams' ids (linked from data.hash_buckets when data.ngram_ids is set; never by hand).
+        ngram_lr: the n-gram branch's peak learning rate (Adam's steps; it has no weight decay but its penalty).
+        ngram_l2_c: the n-gram branch's L2 penalty, as scikit-learn's C (model.l2_c for the branch alone).
     """
 
     def __init__(
@@ -120,10 +119,15 @@ class TextClassifier(Classifier):
         l2_c: float | None = None,
         idf: bool = False,
         nb: bool = False,
+        ngram_branch: bool = False,
+        ngram_buckets: int = 0,
+        ngram_lr: float = 0.1,
+        ngram_l2_c: float = 1.0,
     ) -> None:
         super().__init__()
         if l2_c is not None and not l2_c > 0:
             raise UserError(f"model.l2_c must be positive (smaller is a stronger penalty), got {l2_c}")
+        check_branch(ngram_branch, ngram_buckets, ngram_lr, ngram_l2_c, l2_c, tokenizer_hash)
         if loss == "squared_hinge" and label_smoothing:
             raise UserError("model.label_smoothing applies to cross_entropy, not squared_hinge: set one of them")
         if idf and pretrained is not None:
@@ -174,56 +178,73 @@ class TextClassifier(Classifier):
             self.head = Bias(num_classes)
         else:
             self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.dim, num_classes))
+        if ngram_branch:
+            self.ngrams = NGramBranch(ngram_buckets, num_classes)
         self.setup_metrics(num_classes)
         self.example_input_array = torch.full((2, 8), pad_id + 1 if pad_id == 0 else 0, dtype=torch.long)
+        if ngram_branch:
+            self.example_input_array = (self.example_input_array, torch.ones(2, 8, dtype=torch.long))
+        self._penalty_scale = 0.0  # the n-gram branch's 1 / (2 C N), set when a fit starts
         self._batch_logged = False
 
     def setup(self, stage: str) -> None:
         """Before a fit with model.idf or model.nb: the ids' document frequencies (per class for nb), from the data
         module's training split, in one pass."""
-        nb = self.hparams.get("nb", False)
-        if stage != "fit" or not (self.hparams.idf or nb):
+        nb, branch = self.hparams.get("nb", False), self.hparams.get("ngram_branch", False)
+        if stage != "fit" or not (self.hparams.idf or nb or branch):
             return
-        data = self.trainer.datamodule
-        if not hasattr(data, "document_frequencies"):
-            raise UserError("model.idf and model.nb count ids in the training split: fit with TextShards")
-        # each rank counts its share of the training texts, and the sums are every rank's: the same weights
-        strategy, world = self.trainer.strategy, self.trainer.world_size
-        frequencies, texts = data.document_frequencies(by_class=nb, part=(self.global_rank, world))
-        if world > 1:
-            device = strategy.root_device
-            frequencies = strategy.reduce(torch.from_numpy(frequencies).to(device), reduce_op="sum").cpu().numpy()
-            texts = int(strategy.reduce(torch.tensor(texts, device=device), reduce_op="sum"))
-        if len(frequencies) != self.hparams.vocab_size:
-            raise UserError(f"the data has {len(frequencies):,} ids and the model {self.hparams.vocab_size:,}")
-        if nb:
-            self.encoder.set_ratios(torch.from_numpy(frequencies))
-            frequencies = frequencies.sum(1)
-        if self.hparams.idf:
-            self.encoder.set_idf(torch.from_numpy(frequencies), texts)
+        if not hasattr(self.trainer.datamodule, "document_frequencies"):
+            raise UserError("model.idf, nb and ngram_branch count ids in the training split: fit with TextShards")
+        if self.hparams.idf or nb:
+            set_counts(self, self.encoder, by_class=nb, idf=self.hparams.idf, size=self.hparams.vocab_size)
+        if branch:
+            set_counts(self, self.ngrams.encoder, by_class=True, idf=True, size=self.hparams.ngram_buckets, ngrams=True)
+            self._penalty_scale = 1.0 / (2 * self.hparams.ngram_l2_c * training_samples(self.trainer))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits for a batch of token ids [B, L], padded with `pad_id`."""
-        mask = tokens != self.hparams.pad_id
-        return self.head(self.encoder(tokens, mask))
+    def forward(self, tokens: torch.Tensor, ngrams: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for a batch of token ids [B, L], padded with `pad_id`; with model.ngram_branch, also of its
+        hashed n-gram ids [B, M], padded with 0."""
+        logits = self.head(self.encoder(tokens, tokens != self.hparams.pad_id))
+        if not self.hparams.get("ngram_branch", False):
+            return logits
+        return standardised(logits) + standardised(self.ngrams(ngrams))
 
     def features(self, batch: TextBatch) -> torch.Tensor:
         return self.encoder(batch.tokens, batch.tokens != self.hparams.pad_id)
 
-    def inputs_and_targets(self, batch: TextBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """What `forward` takes from a batch, and what its output is scored against (export, bench)."""
+    def logits_and_features(self, batch: TextBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.features(batch)
+        logits = self.head(features)
+        if self.hparams.get("ngram_branch", False):
+            logits = standardised(logits) + standardised(self.ngrams(batch.ngrams))
+        return logits, features
+
+    def inputs_and_targets(self, batch: TextBatch) -> tuple[Any, torch.Tensor]:
+        """What `forward` takes from a batch (a tuple of its arguments with model.ngram_branch), and what its
+        output is scored against (export, bench)."""
+        if self.hparams.get("ngram_branch", False):
+            return (batch.tokens, batch.ngrams), batch.label
         return batch.tokens, batch.label
 
     def training_step(self, batch: TextBatch, batch_idx: int) -> torch.Tensor:
         with self.step_randomness():  # dropout: the same when a run resumes
-            logits = self(batch.tokens)
-        return self.score("train", logits, batch.label)
+            if not self.hparams.get("ngram_branch", False):
+                return self.score("train", self(batch.tokens), batch.label)
+            # each model on its own loss, as if trained alone; the metrics read their sum
+            logits = self.head(self.encoder(batch.tokens, batch.tokens != self.hparams.pad_id))
+            scores = self.ngrams(batch.ngrams)
+        loss = (
+            self.loss(logits, batch.label)
+            + squared_hinge(scores, batch.label)
+            + self.ngrams.penalty(self._penalty_scale)
+        )
+        return self.score("train", standardised(logits) + standardised(scores), batch.label, loss)
 
     def validation_step(self, batch: TextBatch, batch_idx: int) -> None:
-        self.score("val", self(batch.tokens), batch.label)
+        self.score("val", self(batch.tokens, batch.ngrams), batch.label)
 
     def test_step(self, batch: TextBatch, batch_idx: int) -> None:
-        self.score("test", self(batch.tokens), batch.label)
+        self.score("test", self(batch.tokens, batch.ngrams), batch.label)
 
     def on_train_batch_start(self, batch: TextBatch, batch_idx: int) -> None:
         """The first training batch of a fit, as texts (after truncation and augmentation), for the loggers."""
@@ -243,7 +264,11 @@ class TextClassifier(Classifier):
         if factor is None:
             factor = 0.1 if self.hparams.pretrained is not None else 1.0
         lr, decay = self.hparams.lr, self.hparams.weight_decay
-        return decay_groups("head", self.head, lr, decay) + decay_groups("encoder", self.encoder, lr * factor, decay)
+        groups = decay_groups("head", self.head, lr, decay) + decay_groups("encoder", self.encoder, lr * factor, decay)
+        if self.hparams.get("ngram_branch", False):  # penalised in its loss, not decayed: Adam's steps
+            branch = list(self.ngrams.parameters())
+            groups.append({"name": "ngrams", "params": branch, "lr": self.hparams.ngram_lr, "weight_decay": 0.0})
+        return groups
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint trained with another tokenizer than the data's (its ids would mean other words), or

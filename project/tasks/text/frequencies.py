@@ -1,0 +1,56 @@
+"""Counting ids in the training texts: the document frequencies behind model.idf's weights and model.nb's
+naive-Bayes ratios, one pass over the training split before a fit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from project.errors import UserError
+
+
+def count_documents(
+    data: Any, encoder: Any, vocabulary: int, by_class: bool = False, part: tuple[int, int] = (0, 1)
+) -> tuple[np.ndarray, int]:
+    """How many training texts of `data` (a TextShards) hold each id, as `encoder` encodes them (truncated,
+    without token dropout), and how many texts were read. With `by_class`, the counts per class, [ids, classes]
+    (their sum over classes is the total). A sample training would skip is skipped. `part` (index, parts): count
+    every parts-th sample from the index-th only, so that DDP ranks share the tokenizing and sum their counts
+    (TextClassifier.setup); its progress shows on part 0."""
+    index, parts = part
+    shape = (vocabulary, data.num_classes) if by_class else (vocabulary,)
+    frequencies, texts = np.zeros(shape, np.int32 if by_class else np.int64), 0  # ids x classes: halved
+    columns = (TextColumn("idf: counting ids in the training texts"), BarColumn(), MofNCompleteColumn())
+    progress = Progress(*columns, console=Console(stderr=True), transient=True, disable=index != 0)
+    with progress:
+        task = progress.add_task("idf", total=sum(shard.nsamples for shard in data.shards("train")))
+        for number, read in enumerate(data.read_texts("train")):
+            progress.advance(task)
+            if read is not None and number % parts == index:
+                ids = np.unique(encoder.encode(read[0]).ids)
+                frequencies[(ids, read[1]) if by_class else ids] += 1
+                texts += 1
+    return frequencies, texts
+
+
+def set_counts(model: Any, encoder: Any, by_class: bool, idf: bool, size: int, ngrams: bool = False) -> None:
+    """Set a bag's IDF weights (and with `by_class`, its naive-Bayes ratios) from the training split of the data
+    `model` (a TextClassifier) is fitted on; `ngrams`: of the hashed n-grams beside the tokens."""
+    # each rank counts its share of the training texts, and the sums are every rank's: the same weights
+    data, strategy, world = model.trainer.datamodule, model.trainer.strategy, model.trainer.world_size
+    frequencies, texts = data.document_frequencies(by_class=by_class, part=(model.global_rank, world), ngrams=ngrams)
+    if world > 1:
+        device = strategy.root_device
+        frequencies = strategy.reduce(torch.from_numpy(frequencies).to(device), reduce_op="sum").cpu().numpy()
+        texts = int(strategy.reduce(torch.tensor(texts, device=device), reduce_op="sum"))
+    if len(frequencies) != size:
+        raise UserError(f"the data has {len(frequencies):,} ids and the model {size:,}")
+    if by_class:
+        encoder.set_ratios(torch.from_numpy(frequencies))
+        frequencies = frequencies.sum(1)
+    if idf:
+        encoder.set_idf(torch.from_numpy(frequencies), texts)
