@@ -166,7 +166,14 @@ def tokenizer_of_pretrained(config: Any) -> None:
     """A pretrained text encoder's folder is also the data's tokenizer, unless data.tokenizer names one:
     the model's embeddings mean its own tokenizer's ids."""
     model, data = (getattr(config.get(section), "init_args", None) for section in ("model", "data"))
-    if model is None or data is None or not model.get("pretrained") or "tokenizer" not in data:
+    folder = model.get("pretrained") if model is not None else None
+    if isinstance(folder, str) and not Path(folder).is_dir():  # the weights and the tokenizer are both read there
+        raise UserError(
+            f"model.pretrained: no folder {folder}: save a Hugging Face encoder there first (on a machine with network "
+            f"access: hf download sentence-transformers/all-MiniLM-L6-v2 --local-dir {folder}); nothing is downloaded "
+            "at run time"
+        )
+    if model is None or data is None or not folder or "tokenizer" not in data:
         return
     if data.get("tokenizer") is None:
         data["tokenizer"] = model["pretrained"]

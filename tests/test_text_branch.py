@@ -129,6 +129,15 @@ def test_each_model_learns_on_its_own_loss_and_the_branch_takes_adams_steps_at_i
     assert all(parameter.grad is not None for parameter in model.encoder.parameters() if parameter.requires_grad)
 
 
+def test_a_missing_pretrained_folder_is_one_line_that_says_how_to_get_one(root, tmp_path):
+    config = ["--config", str(REPO / "configs" / "text" / "combined.yaml"), f"--data.root={root}"]
+    result = run_here("project.train", *config, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: model.pretrained: no folder data/models/all-MiniLM-L6-v2: save a Hugging Face")
+    assert "hf download sentence-transformers/all-MiniLM-L6-v2" in last and not (tmp_path / "logs").exists()
+
+
 @pytest.mark.slow
 def test_the_combined_config_fine_tunes_a_folder_beside_an_nbsvm_and_predicts_with_both(root, tmp_path, monkeypatch):
     """configs/text/combined.yaml with a tiny folder saved here: the branch's IDF and ratios are counted on the
