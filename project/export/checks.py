@@ -1,5 +1,6 @@
 """How project.export checks what it wrote: every variant (fp32, pruned, int8) runs next to the checkpoint's own
-module on the same real batches (token batches at two padded lengths), and a table reports the largest
+module on the same real batches (token batches at two padded lengths; every input of a model that takes several), and
+a table reports the largest
 logit difference, top-1 agreement, accuracy, file size and median CPU latency."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 from project.export.formats import (
     Inputs,
     Runner,
+    checked_inputs,
     export_onnx,
     export_torchscript,
     file_sizes,
@@ -50,7 +52,11 @@ class Variant:
 
 
 def build_variants(
-    options: SimpleNamespace, model: nn.Module, example: torch.Tensor, calibration: list[np.ndarray], spec: Inputs
+    options: SimpleNamespace,
+    model: nn.Module,
+    example: tuple[torch.Tensor, ...],
+    calibration: list[tuple[np.ndarray, ...]],
+    specs: tuple[Inputs, ...],
 ) -> dict[str, tuple[Variant, Runner]]:
     """Write every variant into options.out; each comes with a function that runs its file."""
     suffix, export, runner = {
@@ -64,25 +70,27 @@ def build_variants(
     for name, source in sources.items():
         path = options.out / f"model{'' if name == 'fp32' else '.' + name}{suffix}"
         print(f"exporting {name} to {path}", file=sys.stderr)
-        export(source, example, path, spec)
+        export(source, example, path, specs)
         variants[name] = (Variant(name, str(path), zeros=zero_share(source)), runner(path))
         for mode in options.quantize:
             quantized_name = f"{name}+{mode}" if name != "fp32" else mode
             target = path.with_name(f"{path.stem}.{mode}{suffix}")
             print(f"quantizing {name} to {target}", file=sys.stderr)
-            quantize_onnx(path, target, mode, calibration, spec.name)
+            quantize_onnx(path, target, mode, calibration, tuple(spec.name for spec in specs))
             variants[quantized_name] = (Variant(quantized_name, str(target), zeros=zero_share(source)), runner(target))
     return variants
 
 
-def run_variant(variant: Variant, run: Runner, inputs: torch.Tensor, example: torch.Tensor) -> np.ndarray:
+def run_variant(
+    variant: Variant, run: Runner, inputs: tuple[torch.Tensor, ...], example: tuple[torch.Tensor, ...]
+) -> np.ndarray:
     try:
         return run(inputs)
     except Exception as error:  # noqa: BLE001 - onnxruntime's own classes, for a shape its graph fixed
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         print(
-            f"error: the {variant.name} export cannot run on inputs of shape {list(inputs.shape)} (exported "
-            f"with {list(example.shape)}): {message}",
+            f"error: the {variant.name} export cannot run on inputs of shape {shapes(inputs)} (exported "
+            f"with {shapes(example)}): {message}",
             file=sys.stderr,
         )
         raise SystemExit(1) from None
@@ -92,20 +100,19 @@ def measure(
     cli: Any,
     options: SimpleNamespace,
     variants: dict[str, tuple[Variant, Runner]],
-    spec: Inputs,
-    example: torch.Tensor,
+    specs: tuple[Inputs, ...],
+    example: tuple[torch.Tensor, ...],
 ) -> tuple[float, list[int]]:
     """Run the module and every variant on the same batches (token batches also at a second padded length);
     returns the module's own accuracy, and the sequence lengths checked (token inputs)."""
     model, correct, samples, lengths = cli.model, 0, 0, set()
     total = min(options.batches, len(loader(cli, options.split)))
     for batch in track(split_batches(cli, options.split, options.batches), "checking", total=total):
-        batch_inputs, labels = model.inputs_and_targets(batch)
-        labels = labels.numpy()
-        for number, checked in enumerate(spec.checked(batch_inputs)):
-            lengths.update([checked.shape[1]] if spec.sequence else [])
+        labels = model.inputs_and_targets(batch)[1].numpy()
+        for number, checked in enumerate(checked_inputs(specs, inputs(cli, batch))):
+            lengths.update([checked[0].shape[1]] if specs[0].sequence else [])
             with torch.no_grad():
-                reference = model(checked).numpy()
+                reference = model(*checked).numpy()
             if number == 0:  # accuracy and agreement on the batch as the split gives it
                 correct, samples = correct + int((reference.argmax(1) == labels).sum()), samples + len(labels)
             for variant, run in variants.values():
@@ -115,7 +122,7 @@ def measure(
                     variant.counts["agree"] += int((logits.argmax(1) == reference.argmax(1)).sum())
                     variant.counts["correct"] += int((logits.argmax(1) == labels).sum())
                     variant.counts["samples"] += len(labels)
-    first = inputs(cli, next(split_batches(cli, options.split, 1)))[:1]
+    first = tuple(tensor[:1] for tensor in inputs(cli, next(split_batches(cli, options.split, 1))))
     for variant, run in variants.values():
         variant.accuracy = variant.counts["correct"] / variant.counts["samples"]
         variant.top1_agreement = variant.counts["agree"] / variant.counts["samples"]
@@ -148,9 +155,16 @@ def loader(cli: Any, split: str) -> torch.utils.data.DataLoader:
     return cli.datamodule.test_dataloader() if split == "test" else cli.datamodule.val_dataloader()
 
 
-def inputs(cli: Any, batch: object) -> torch.Tensor:
-    """What the model's forward takes from a batch (an exported model takes the same)."""
-    return cli.model.inputs_and_targets(batch)[0]
+def inputs(cli: Any, batch: object) -> tuple[torch.Tensor, ...]:
+    """What the model's forward takes from a batch, as a tuple in forward's order (an exported model takes the
+    same)."""
+    given = cli.model.inputs_and_targets(batch)[0]
+    return tuple(given) if isinstance(given, tuple | list) else (given,)
+
+
+def shapes(inputs: tuple[torch.Tensor, ...]) -> str:
+    """The inputs' shapes, for a message: [2, 7] for one, [2, 7] and [2, 300] for two."""
+    return " and ".join(str(list(tensor.shape)) for tensor in inputs)
 
 
 def split_batches(cli: Any, split: str, count: int) -> Iterator[dict]:

@@ -11,7 +11,9 @@ id, any N and any L up to data.max_tokens. A text export comes with the tokenize
 with, copied beside the model file (DIR/tokenizer.json, checked against the checkpoint's tokenizer hash,
 named in report.json): tokenize with it, truncate to max_tokens and pad, then run the model.
 With `data.tokenizer: hashed` there is no file: DIR/features.json names the hashed n-grams' definition
-(project/tasks/text/hashed.py) and its hash.
+(project/tasks/text/hashed.py) and its hash. A model with an n-gram branch (model.ngram_branch) takes a second
+input, `ngrams`: int64 hashed n-gram ids [N, M] padded with 0, any M up to data.ngram_ids, defined in
+DIR/ngrams.json.
 
 Variants: fp32 always; `--prune A` adds a copy whose A share of smallest-magnitude convolution and linear
 weights is zeroed (torch.nn.utils.prune, global L1); `--quantize` adds an int8 version of each. Every
@@ -128,21 +130,35 @@ def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
             f"project.export checks an export on batches of its split, so it needs a model with "
             f"inputs_and_targets(batch) (what forward takes, and the labels); {type(cli.model).__name__} has none"
         )
-    if getattr(cli.model, "hparams", {}).get("ngram_branch", False):
-        raise UserError(
-            "project.export writes models of one input, and model.ngram_branch reads two (tokens and hashed n-grams): "
-            "predict with project.predict instead"
-        )
     cli.model.cpu().eval()
     return cli
 
 
-def model_inputs(cli: ProjectCLI) -> Inputs:
-    """Images, or token ids when the data module tokenizes (it has a tokenizer file)."""
+def model_inputs(cli: ProjectCLI) -> tuple[Inputs, ...]:
+    """Images, or token ids when the data module tokenizes (it has a tokenizer file), and then the hashed n-gram
+    ids of a model with an n-gram branch."""
     data = cli.datamodule
     if not hasattr(type(data), "tokenizer_path"):
-        return Inputs()
-    return Inputs("tokens", sequence=True, pad_id=int(data.pad_id), max_length=getattr(data, "max_tokens", None))
+        return (Inputs(),)
+    tokens = Inputs("tokens", sequence=True, pad_id=int(data.pad_id), max_length=getattr(data, "max_tokens", None))
+    if not getattr(cli.model, "hparams", {}).get("ngram_branch", False):
+        return (tokens,)
+    return tokens, Inputs("ngrams", sequence=True, pad_id=0, max_length=data.ngram_ids)
+
+
+def write_ngrams(cli: ProjectCLI, out: Path) -> dict:
+    """The n-gram branch's input defined in out/ngrams.json (hashed.py's features, as data.ngram_ids made them);
+    what report.json says of it."""
+    from project.tasks.text.hashed import HashedNGrams
+
+    data = cli.datamodule
+    buckets = data.hash_buckets
+    spec = {"features": HashedNGrams.spec(buckets), "buckets": buckets, "sha256": HashedNGrams.fingerprint(buckets)}
+    spec.update(max_ids=data.ngram_ids, pad_id=0)
+    made = json.dumps(spec, indent=2).encode()
+    replace_atomically(out / "ngrams.json", lambda temporary: temporary.write_bytes(made))
+    print(f"wrote the n-gram branch's features' definition to {out / 'ngrams.json'}", file=sys.stderr)
+    return {"file": "ngrams.json", **spec}
 
 
 def copy_tokenizer(cli: ProjectCLI, out: Path) -> dict:
@@ -189,17 +205,19 @@ def main(args: list[str] | None = None) -> dict:
     cli = load_run(options.ckpt_path, overrides)
     options.out = options.out or (Path("export") if remote else options.ckpt_path.resolve().parent.parent / "export")
     options.out.mkdir(parents=True, exist_ok=True)
-    spec = model_inputs(cli)
-    tokenizer = copy_tokenizer(cli, options.out) if spec.sequence else None
+    specs = model_inputs(cli)
+    tokenizer = copy_tokenizer(cli, options.out) if specs[0].sequence else None
+    ngrams = write_ngrams(cli, options.out) if len(specs) > 1 else None
     first = inputs(cli, next(split_batches(cli, options.split, 1)))
     # batch 2: the batch axis stays free
-    example = first[:2] if len(first) > 1 else first.repeat(2, *[1] * (first.dim() - 1))
+    example = tuple(tensor[:2] if len(tensor) > 1 else tensor.repeat(2, *[1] * (tensor.dim() - 1)) for tensor in first)
     calibration = []
     if "static-int8" in options.quantize:
         other = "val" if options.split == "test" else "test"  # calibrate on data the table does not report
-        calibration = [inputs(cli, b).numpy() for b in split_batches(cli, other, options.calibration_batches)]
-    variants = build_variants(options, cli.model, example, calibration, spec)
-    module_accuracy, lengths = measure(cli, options, variants, spec, example)
+        batches = split_batches(cli, other, options.calibration_batches)
+        calibration = [tuple(tensor.numpy() for tensor in inputs(cli, batch)) for batch in batches]
+    variants = build_variants(options, cli.model, example, calibration, specs)
+    module_accuracy, lengths = measure(cli, options, variants, specs, example)
     results = [variant for variant, _ in variants.values()]
     Console(width=max(Console().width, 120)).print(report_table(results, module_accuracy, options.split))
     report = {
@@ -212,13 +230,15 @@ def main(args: list[str] | None = None) -> dict:
         "variants": [asdict(v) for v in results],
     }
     if tokenizer is not None:
-        report.update(input=spec.name, tokenizer=tokenizer, sequence_lengths=lengths)
+        report.update(input=specs[0].name, tokenizer=tokenizer, sequence_lengths=lengths)
+    if ngrams is not None:
+        report.update(inputs=[spec.name for spec in specs], ngrams=ngrams)
         print(f"checked at {len(lengths)} token lengths from {lengths[0]} to {lengths[-1]}", file=sys.stderr)
     write_json_atomically(options.out / "report.json", report)
     tokenizer_file = " with tokenizer.json" if tokenizer else ""
     print(f"exported to {options.out}{tokenizer_file} (report.json holds the table)")
     fp32 = variants["fp32"][0]
-    tolerance = 1e-3 * max(1.0, float(np.abs(cli.model(example).detach().numpy()).max()))
+    tolerance = 1e-3 * max(1.0, float(np.abs(cli.model(*example).detach().numpy()).max()))
     if fp32.max_abs_diff > tolerance:
         message = f"error: the fp32 export differs from the module by {fp32.max_abs_diff:.2e} (> {tolerance:.1e})"
         print(message, file=sys.stderr)
