@@ -1,5 +1,5 @@
 """AdamW's step over the text default's embedding table: the foreach step (torch's default) against the fused one,
-side by side in one process, as configs/text/default.yaml trains it (262,144 rows of 64, a batch of 32 texts of
+side by side in one process, as configs/text/nbsvm.yaml trains it (262,144 rows of 64, a batch of 32 texts of
 about 1,500 hashed n-grams each).
 
     python benchmarks/optimizer_step.py [--rows 262144] [--dim 64] [--repeats 15]

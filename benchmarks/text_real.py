@@ -2,15 +2,15 @@
 
     python benchmarks/text_corpora.py --out data/corpora            # build the sets first (offline)
     python benchmarks/text_real.py --corpora data/corpora --work data/text-real \
-        [--sets debian-2k,docs-2k] [--variants default cnn transformer bag] [--json results.jsonl] \
-        [--split_seeds 0,1,2] [--variants pretrained --pretrained data/models/all-MiniLM-L6-v2] \
-        [--ensemble default+pretrained]
+        [--sets debian-2k,docs-2k] [--variants nbsvm cnn transformer bag] [--json results.jsonl] \
+        [--split_seeds 0,1,2] [--variants default pretrained --pretrained data/models/all-MiniLM-L6-v2] \
+        [--ensemble nbsvm+pretrained]
 
 For each set: `prepare --text` (80/10/10), `tokenizer`, `baseline`, then one training run per variant, each
-with configs/text/default.yaml and the variant's overrides, as a user would type them. A variant is a name
-from VARIANTS or `name:--key=value,--key=value`; `pretrained` runs configs/text/pretrained.yaml instead,
-fine-tuning the Hugging Face folder that `--pretrained` names, and `combined` configs/text/combined.yaml (that
-folder and an n-gram branch, in one model). Prints a markdown table row per set and variant: test
+with configs/text/nbsvm.yaml (the model trained from nothing) and the variant's overrides, as a user would type
+them. A variant is a name from VARIANTS or `name:--key=value,--key=value`; `default` runs configs/text/default.yaml
+instead (the Hugging Face folder that `--pretrained` names, fine-tuned beside an NBSVM on n-grams, in one model),
+and `pretrained` configs/text/pretrained.yaml (that folder alone). Prints a markdown table row per set and variant: test
 accuracy, the baseline's, epochs run, wall time; the BPE's tokens per word and per byte come from the
 tokenizer's report. Steps that are done (a prepared set, a tokenizer, a baseline) are not redone.
 
@@ -35,19 +35,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "configs" / "text" / "default.yaml"
-PRETRAINED = ROOT / "configs" / "text" / "pretrained.yaml"  # the variant `pretrained`, with --pretrained FOLDER
-COMBINED = ROOT / "configs" / "text" / "combined.yaml"  # the variant `combined`: the folder and an n-gram branch
+CONFIG = ROOT / "configs" / "text" / "nbsvm.yaml"  # what the variants from nothing override
+CONFIGS = {  # the variants that read --pretrained FOLDER
+    "default": ROOT / "configs" / "text" / "default.yaml",  # the folder and an NBSVM branch, in one model
+    "pretrained": ROOT / "configs" / "text" / "pretrained.yaml",  # the folder alone
+}
 BPE = ["--data.tokenizer=null", "--data.max_tokens=256", "--data.bucket_by_size=true", "--model.pooling=mean"]
 BPE += ["--data.batch_size=32"]
 CROSS_ENTROPY = ["--model.loss=cross_entropy", "--model.l2_c=null", "--model.weight_decay=0"]  # AdamW, no penalty
 BPE += ["--model.idf=false"]  # idf weighs the bag of hashed n-grams only
 LAST_ROUND = ["--model.dim=64", "--model.lr=0.01"]  # what the default set until it trained the linear encoder
 BPE += LAST_ROUND  # cnn and transformer set their own after these
-VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE tokens, with cross-entropy
-    "default": [],
-    "linear-svm": ["--model.nb=false"],  # the default without NB's ratios: a plain linear SVM (the round before's)
-    "cross-entropy": [*CROSS_ENTROPY, "--model.lr=0.003"],  # the default's model and data, the loss before
+VARIANTS = {  # nbsvm reads hashed n-grams; the others from nothing read the set's BPE tokens, with cross-entropy
+    "nbsvm": [],
+    "linear-svm": ["--model.nb=false"],  # nbsvm without NB's ratios: a plain linear SVM (the round before's)
+    "cross-entropy": [*CROSS_ENTROPY, "--model.lr=0.003"],  # nbsvm's model and data, the loss before
     "fasttext": [*LAST_ROUND, "--model.encoder=bag", "--model.l2_c=3"],  # last round's default: a 64-wide bag
     "ngrams": [*BPE, *CROSS_ENTROPY, "--model.encoder=ngrams", "--model.buckets=32768", "--model.dropout=0.5"],
     "cnn": [*BPE, *CROSS_ENTROPY, "--model.encoder=cnn", "--model.dim=128", "--model.lr=0.003", "--model.dropout=0.5"],
@@ -60,10 +62,9 @@ VARIANTS = {  # the default reads hashed n-grams; the others read the set's BPE 
         "--model.dropout=0.1",
     ],
     "bag": [*BPE, *CROSS_ENTROPY, "--model.encoder=bag", "--model.dropout=0.5"],
+    "default": [],  # configs/text/default.yaml as it is, with --model.pretrained from --pretrained
     "pretrained": [],  # configs/text/pretrained.yaml as it is, with --model.pretrained from --pretrained
-    "combined": [],  # configs/text/combined.yaml as it is, with --model.pretrained from --pretrained
 }
-CONFIGS = {"pretrained": PRETRAINED, "combined": COMBINED}
 
 
 def run(*args: str) -> tuple[str, float]:
@@ -168,11 +169,13 @@ def main() -> None:
     parser.add_argument("--corpora", type=Path, default=ROOT / "data" / "corpora")
     parser.add_argument("--work", type=Path, default=ROOT / "data" / "text-real")
     parser.add_argument("--sets", default="debian-2k,debian-10k,debian-50k,docs-2k,docs-10k")
-    parser.add_argument("--variants", nargs="*", default=["default", "cnn", "transformer", "bag"])
-    parser.add_argument("--ensemble", nargs="*", default=[], help="variants to combine, e.g. default+pretrained")
+    parser.add_argument("--variants", nargs="*", default=["nbsvm", "cnn", "transformer", "bag"])
+    parser.add_argument("--ensemble", nargs="*", default=[], help="variants to combine, e.g. nbsvm+pretrained")
     parser.add_argument("--json", type=Path, help="append each result as a JSON line")
     parser.add_argument("--split_seeds", default="0", type=seed_list, help="prepare's --seed of each split, e.g. 0,1,2")
-    parser.add_argument("--pretrained", type=Path, help="the Hugging Face folder the variant `pretrained` fine-tunes")
+    parser.add_argument(
+        "--pretrained", type=Path, help="the Hugging Face folder the variants default and pretrained read"
+    )
     args = parser.parse_args()
     variants = [parse_variant(text) for text in args.variants]
     if needing := [name for name, _ in variants if name in CONFIGS]:

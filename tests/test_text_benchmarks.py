@@ -123,10 +123,12 @@ def test_text_real_reports_each_model_beside_the_baseline_on_each_split(tmp_path
     pytest.importorskip("sklearn")
     write_corpus(tmp_path / "corpora" / "tiny" / "texts.csv")
     results = tmp_path / "results.jsonl"
-    quick = "--trainer.max_epochs=2,--data.hash_buckets=4096"  # two short runs of the default's model
+    quick = "--trainer.max_epochs=2,--data.hash_buckets=4096"  # two short runs of nbsvm's model
     command = [sys.executable, str(REPO / "benchmarks" / "text_real.py"), "--corpora", str(tmp_path / "corpora")]
     command += ["--work", str(tmp_path / "work"), "--sets", "tiny", "--split_seeds", "0,1", "--json", str(results)]
     command += ["--ensemble", "quick+quick2", "--variants", f"quick:{quick}"]
+    folderless = subprocess.run([*command, "default"], capture_output=True, text=True, cwd=tmp_path)
+    assert folderless.returncode != 0 and "--variants default needs --pretrained FOLDER" in folderless.stderr
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode != 0 and "no finished run of quick2 on tiny" in done.stderr  # refused, not guessed
     assert not results.exists()

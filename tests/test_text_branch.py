@@ -1,5 +1,5 @@
 """model.ngram_branch: an NBSVM on the hashed n-grams the data adds beside each text's tokens (data.ngram_ids),
-trained beside the encoder on its own loss, the two models' standardised scores added; configs/text/combined.yaml
+trained beside the encoder on its own loss, the two models' standardised scores added; configs/text/default.yaml
 through the command line with a tiny pretrained folder saved here."""
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def test_each_model_learns_on_its_own_loss_and_the_branch_takes_adams_steps_at_i
 
 
 def test_a_missing_pretrained_folder_is_one_line_that_says_how_to_get_one(root, tmp_path):
-    config = ["--config", str(REPO / "configs" / "text" / "combined.yaml"), f"--data.root={root}"]
+    config = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
     result = run_here("project.train", *config, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
@@ -139,17 +139,17 @@ def test_a_missing_pretrained_folder_is_one_line_that_says_how_to_get_one(root, 
 
 
 @pytest.mark.slow
-def test_the_combined_config_fine_tunes_a_folder_beside_an_nbsvm_and_predicts_with_both(root, tmp_path, monkeypatch):
-    """configs/text/combined.yaml with a tiny folder saved here: the branch's IDF and ratios are counted on the
+def test_the_default_config_fine_tunes_a_folder_beside_an_nbsvm_and_predicts_with_both(root, tmp_path, monkeypatch):
+    """configs/text/default.yaml with a tiny folder saved here: the branch's IDF and ratios are counted on the
     training split, its rate is its own, the final weights are tested, evaluate and predict agree with the run, and
     export says in one line that it cannot write two inputs."""
     folder = tiny_folder(root, tmp_path, monkeypatch)
-    config = ["--config", str(REPO / "configs" / "text" / "combined.yaml"), f"--data.root={root}"]
+    config = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
     config += [f"--model.pretrained={folder}", "--data.max_tokens=64", "--data.num_workers=0"]
     config += ["--trainer.max_epochs=3", "--trainer.log_every_n_steps=5", "--trainer.enable_progress_bar=false"]
     result = run_here("project.train", *config, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    run = tmp_path / "logs" / "text-combined" / "version_0"
+    run = tmp_path / "logs" / "text" / "version_0"
     losses = [event.value for event in events(run).Scalars("train/loss")]
     assert losses and all(math.isfinite(loss) for loss in losses)
     branch = {event.step: event.value for event in events(run).Scalars("lr-AdamW/ngrams")}

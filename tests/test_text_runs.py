@@ -280,17 +280,17 @@ def test_the_pretrained_config_fine_tunes_a_local_folder_within_its_positions(ro
     assert events(run).Scalars("test/acc"), "the final weights are tested"
 
 
-def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and_tests_the_final_weights(
+def test_the_config_without_downloads_trains_a_linear_svm_on_idf_weighted_ngrams_and_tests_the_final_weights(
     root, tmp_path
 ):
-    """configs/text/default.yaml: hashed n-grams, root-pooled and IDF-weighted, in a linear model (one column
+    """configs/text/nbsvm.yaml: hashed n-grams, root-pooled and IDF-weighted, in a linear model (one column
     per class, scaled by NB's ratios), squared hinge with the L2 penalty, its 10 epochs run out, and the final
     weights tested (there is no best.ckpt)."""
-    args = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
+    args = ["--config", str(REPO / "configs" / "text" / "nbsvm.yaml"), f"--data.root={root}"]
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     result = run_here("project.train", *args, *quiet, "--data.batch_size=16", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    run = tmp_path / "logs" / "text" / "version_0"
+    run = tmp_path / "logs" / "text-nbsvm" / "version_0"
     assert len(events(run).Scalars("val/acc")) == 10
     assert not (run / "checkpoints" / "best.ckpt").exists()
     final = TextClassifier.load_from_checkpoint(run / "checkpoints" / "last.ckpt")
@@ -323,14 +323,16 @@ def test_the_config_for_own_texts_trains_a_linear_svm_on_idf_weighted_ngrams_and
 
 
 def test_ddp_ranks_share_the_count_of_ids_and_get_the_weights_of_one_count(root, tmp_path):
-    """configs/text/default.yaml on 2 gloo processes: each rank tokenizes half of the training texts for IDF and
+    """configs/text/nbsvm.yaml on 2 gloo processes: each rank tokenizes half of the training texts for IDF and
     NB's ratios, and the summed counts give the buffers one process's count of every text gives."""
-    args = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
+    args = ["--config", str(REPO / "configs" / "text" / "nbsvm.yaml"), f"--data.root={root}"]
     ddp = ["--config", str(REPO / "configs" / "trainer" / "ddp_cpu.yaml"), "--trainer.max_epochs=1"]
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     result = run_module("project.train", *args, *ddp, *quiet, "--data.batch_size=16", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    final = TextClassifier.load_from_checkpoint(tmp_path / "logs" / "text" / "version_0" / "checkpoints" / "last.ckpt")
+    final = TextClassifier.load_from_checkpoint(
+        tmp_path / "logs" / "text-nbsvm" / "version_0" / "checkpoints" / "last.ckpt"
+    )
     data = TextShards(root=str(root), tokenizer="hashed", hash_buckets=final.hparams.vocab_size, max_tokens=8192)
     frequencies, texts = data.document_frequencies(by_class=True)  # one process, every text
     assert int(final.encoder.idf_texts) == texts == 480

@@ -133,7 +133,7 @@ class TextClassifier(Classifier):
         if idf and pretrained is not None:
             raise UserError(
                 "model.idf weighs the ids of bag or linear, not a pretrained encoder's: add --model.idf=false "
-                "--data.tokenizer=null (configs/text/default.yaml sets model.idf: true and data.tokenizer: hashed)"
+                "--data.tokenizer=null (configs/text/nbsvm.yaml sets model.idf: true and data.tokenizer: hashed)"
             )
         if idf and encoder not in BAGS:
             raise UserError(f"model.idf weighs the ids of bag or linear, not {encoder}'s: add --model.idf=false")
@@ -148,7 +148,7 @@ class TextClassifier(Classifier):
             if tokenizer_hash is not None and tokenizer_hash == HashedNGrams.fingerprint(vocab_size):
                 raise UserError(
                     "model.pretrained reads its own tokenizer's ids, not hashed n-grams: add --data.tokenizer=null "
-                    "(configs/text/default.yaml sets data.tokenizer: hashed)"
+                    "(configs/text/nbsvm.yaml sets data.tokenizer: hashed)"
                 )
             self.encoder = PretrainedEncoder(pretrained)
             if tokenizer_hash is not None:  # linked from the data (not a model built on its own)
