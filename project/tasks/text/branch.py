@@ -24,7 +24,7 @@ class Bias(nn.Module):
 
 
 class NGramBranch(nn.Module):
-    """configs/text/ngrams.yaml's model: a root-pooled, IDF-weighted bag of hashed n-grams, one column per class
+    """configs/text/nbsvm.yaml's model: a root-pooled, IDF-weighted bag of hashed n-grams, one column per class
     scaled by naive Bayes's ratios (set by TextClassifier.setup from the training split), and a bias per class."""
 
     def __init__(self, buckets: int, num_classes: int) -> None:

@@ -80,7 +80,7 @@ class TextClassifier(Classifier):
             loss gets ||w||^2 / (2 * l2_c * N), N the training texts, so one value suits 2,000 texts and
             50,000. Smaller is stronger. It replaces weight_decay; Adam (not AdamW) then takes the steps.
         ngram_branch: beside the encoder, an NBSVM on the hashed word and character n-grams the data adds
-            (data.ngram_ids): configs/text/ngrams.yaml's model (root-pooled TF-IDF, naive-Bayes ratios, squared
+            (data.ngram_ids): configs/text/nbsvm.yaml's model (root-pooled TF-IDF, naive-Bayes ratios, squared
             hinge, L2 penalty), trained on its own loss in the same steps. The two models' class scores are each
             standardised over the classes, per text, and added: the logits. They err on different texts, so the
             sum beats both (benchmarks/README.md, "Text on real data"); configs/text/default.yaml.
@@ -190,45 +190,48 @@ class TextClassifier(Classifier):
     def setup(self, stage: str) -> None:
         """Before a fit with model.idf or model.nb: the ids' document frequencies (per class for nb), from the data
         module's training split, in one pass."""
-        nb, branch = self.hparams.get("nb", False), self.hparams.get("ngram_branch", False)
-        if stage != "fit" or not (self.hparams.idf or nb or branch):
+        nb = self.hparams.get("nb", False)
+        if stage != "fit" or not (self.hparams.idf or nb or self.branch):
             return
         if not hasattr(self.trainer.datamodule, "document_frequencies"):
             raise UserError("model.idf, nb and ngram_branch count ids in the training split: fit with TextShards")
         if self.hparams.idf or nb:
             set_counts(self, self.encoder, by_class=nb, idf=self.hparams.idf, size=self.hparams.vocab_size)
-        if branch:
+        if self.branch:
             set_counts(self, self.ngrams.encoder, by_class=True, idf=True, size=self.hparams.ngram_buckets, ngrams=True)
             self._penalty_scale = 1.0 / (2 * self.hparams.ngram_l2_c * training_samples(self.trainer))
 
     def forward(self, tokens: torch.Tensor, ngrams: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for a batch of token ids [B, L], padded with `pad_id`; with model.ngram_branch, also of its
         hashed n-gram ids [B, M], padded with 0."""
-        logits = self.head(self.encoder(tokens, tokens != self.hparams.pad_id))
-        if not self.hparams.get("ngram_branch", False):
-            return logits
-        return standardised(logits) + standardised(self.ngrams(ngrams))
+        return self.with_ngrams(self.head(self.encoder(tokens, tokens != self.hparams.pad_id)), ngrams)
+
+    @property
+    def branch(self) -> bool:
+        """Whether the model has an n-gram branch (model.ngram_branch; checkpoints from before it have none)."""
+        return self.hparams.get("ngram_branch", False)
+
+    def with_ngrams(self, logits: torch.Tensor, ngrams: torch.Tensor | None) -> torch.Tensor:
+        """The encoder's logits, or with an n-gram branch, they and its scores standardised and added."""
+        return standardised(logits) + standardised(self.ngrams(ngrams)) if self.branch else logits
 
     def features(self, batch: TextBatch) -> torch.Tensor:
         return self.encoder(batch.tokens, batch.tokens != self.hparams.pad_id)
 
     def logits_and_features(self, batch: TextBatch) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.features(batch)
-        logits = self.head(features)
-        if self.hparams.get("ngram_branch", False):
-            logits = standardised(logits) + standardised(self.ngrams(batch.ngrams))
-        return logits, features
+        return self.with_ngrams(self.head(features), batch.ngrams), features
 
     def inputs_and_targets(self, batch: TextBatch) -> tuple[Any, torch.Tensor]:
         """What `forward` takes from a batch (a tuple of its arguments with model.ngram_branch), and what its
         output is scored against (export, bench)."""
-        if self.hparams.get("ngram_branch", False):
+        if self.branch:
             return (batch.tokens, batch.ngrams), batch.label
         return batch.tokens, batch.label
 
     def training_step(self, batch: TextBatch, batch_idx: int) -> torch.Tensor:
         with self.step_randomness():  # dropout: the same when a run resumes
-            if not self.hparams.get("ngram_branch", False):
+            if not self.branch:
                 return self.score("train", self(batch.tokens), batch.label)
             # each model on its own loss, as if trained alone; the metrics read their sum
             logits = self.head(self.encoder(batch.tokens, batch.tokens != self.hparams.pad_id))
@@ -265,7 +268,7 @@ class TextClassifier(Classifier):
             factor = 0.1 if self.hparams.pretrained is not None else 1.0
         lr, decay = self.hparams.lr, self.hparams.weight_decay
         groups = decay_groups("head", self.head, lr, decay) + decay_groups("encoder", self.encoder, lr * factor, decay)
-        if self.hparams.get("ngram_branch", False):  # penalised in its loss, not decayed: Adam's steps
+        if self.branch:  # penalised in its loss, not decayed: Adam's steps
             branch = list(self.ngrams.parameters())
             groups.append({"name": "ngrams", "params": branch, "lr": self.hparams.ngram_lr, "weight_decay": 0.0})
         return groups
