@@ -24,7 +24,7 @@ from project.callbacks.template import add_callback_sections, chosen
 from project.callbacks.threads import fixed_threads, loader_threads, threads_fixed_by_user
 from project.commands import started_as
 from project.data.datamodule import ShardDataModule
-from project.errors import UserError
+from project.errors import UserError, allocation_failure, largest_settings
 from project.redact import redact
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -139,7 +139,15 @@ class ProjectCLI(LightningCLI):
         return trainer
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except Exception as error:  # a size setting (or a stranger's config.yaml) asking for more than there is
+            asked = allocation_failure(error)
+            if asked is None:
+                raise
+            raise UserError(
+                f"building the model and data ran out of memory ({asked}): {largest_settings(self.config)}"
+            ) from None
         if isinstance(self.trainer.accelerator, CPUAccelerator):
             share_cores_with_workers(loader_threads(self.datamodule), self.trainer.num_devices)
 

@@ -6,9 +6,12 @@ ordinary exceptions and keep their tracebacks.
 
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 from project.redact import redact_text
 
@@ -76,6 +79,33 @@ def user_error_in(error: BaseException) -> UserError | None:
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None
+
+
+def allocation_failure(error: BaseException) -> str | None:
+    """What an allocation that failed asked for, if `error` (or one it was raised from) is one: torch's "can't
+    allocate memory" (CPU) or out-of-memory error (GPU), or Python's MemoryError."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        asked = re.search(r"allocate (\d+) bytes", text)
+        if asked:
+            return f"{int(asked.group(1)) / 1e9:,.1f} GB in one piece"
+        if isinstance(error, MemoryError) or "out of memory" in text.lower():
+            return text.splitlines()[0][:200] if text else type(error).__name__
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def largest_settings(config: Any) -> str:
+    """The model's and data's three largest size settings, for an error that says they ask too much."""
+    sizes = [
+        (value, f"{section}.{name}={value}")
+        for section in ("model", "data")
+        for name, value in vars(getattr(config.get(section), "init_args", None) or SimpleNamespace()).items()
+        if isinstance(value, int) and not isinstance(value, bool)
+    ]
+    return "check the largest size settings: " + ", ".join(text for _, text in sorted(sizes, reverse=True)[:3])
 
 
 def run_main(main: Callable[[], object]) -> None:

@@ -76,6 +76,17 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
     assert metrics["test/acc"] == pytest.approx(test_acc, abs=1e-6)
     assert not (tmp_path / "logs" / "short" / "version_1").exists(), "evaluate made a new run folder"
 
+    # a stranger's run folder whose config.yaml asks for a model larger than any machine: one line, no traceback
+    config["model"]["init_args"]["width"] = 10**11
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    huge = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", cwd=tmp_path)
+    assert_user_error(huge, "ran out of memory", "GB in one piece", "model.width=100000000000")
+
+
+def test_a_size_setting_that_asks_for_more_memory_than_there_is_is_one_line(tiny_demo, tmp_path):
+    result = run_here("project.train", *small_run(tiny_demo, "--model.width=100000000000"), cwd=tmp_path)
+    assert_user_error(result, "building the model and data ran out of memory", "model.width=100000000000")
+
 
 def test_training_builds_the_missing_demo_data_first(tmp_path):
     args = ["--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false", "--data.num_workers=0"]

@@ -330,3 +330,27 @@ def test_sigkill_of_the_whole_run_resumes_exactly_or_says_there_is_no_checkpoint
     resumed = run_here("project.train", *train_args(data, every=3), "--ckpt_path=last", cwd=folder)
     assert outcome(resumed, folder, expected) == ("no checkpoint" if disk.last_step is None else "equal")
     assert not list((folder / "logs/demo/version_0/checkpoints").glob(f".*{PARTIAL}"))
+
+
+def test_an_allocation_that_fails_is_told_apart_from_other_errors_and_the_largest_settings_are_named():
+    from types import SimpleNamespace
+
+    from project.errors import allocation_failure, largest_settings
+
+    try:
+        torch.empty(10**15, dtype=torch.uint8)  # 1,000 TB: refused by the allocator at once
+    except RuntimeError as real:
+        try:
+            raise ValueError("Does not validate against any of the types") from real  # as jsonargparse wraps it
+        except ValueError as wrapped:
+            assert allocation_failure(wrapped) == "1,000,000.0 GB in one piece"
+    assert allocation_failure(MemoryError()) == "MemoryError"
+    assert allocation_failure(ValueError("bad value")) is None
+    config = {
+        "model": SimpleNamespace(init_args=SimpleNamespace(dim=10**11, layers=2, dropout=0.1, ngram_branch=True)),
+        "data": SimpleNamespace(init_args=SimpleNamespace(batch_size=64, hash_buckets=2**18)),
+    }
+    named = largest_settings(config)
+    assert (
+        named == "check the largest size settings: model.dim=100000000000, data.hash_buckets=262144, data.batch_size=64"
+    )
