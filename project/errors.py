@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -72,28 +72,28 @@ def one_line(error: BaseException) -> str:
 def user_error_in(error: BaseException) -> UserError | None:
     """The `UserError` behind `error`, if any: the error itself, or one it was raised from. The config
     parser re-raises what a class's __init__ raised inside its own error ("Does not validate ...")."""
+    return next((link for link in causes(error) if isinstance(link, UserError)), None)
+
+
+def causes(error: BaseException | None) -> Iterator[BaseException]:
+    """`error`, then what it was raised from (its cause, else its context), and so on; each once."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, UserError):
-            return error
         seen.add(id(error))
+        yield error
         error = error.__cause__ or error.__context__
-    return None
 
 
 def allocation_failure(error: BaseException) -> str | None:
     """What an allocation that failed asked for, if `error` (or one it was raised from) is one: torch's "can't
     allocate memory" (CPU) or out-of-memory error (GPU), or Python's MemoryError."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error)
+    for link in causes(error):
+        text = str(link)
         asked = re.search(r"allocate (\d+) bytes", text)
         if asked:
             return f"{int(asked.group(1)) / 1e9:,.1f} GB in one piece"
-        if isinstance(error, MemoryError) or "out of memory" in text.lower():
-            return text.splitlines()[0][:200] if text else type(error).__name__
-        error = error.__cause__ or error.__context__
+        if isinstance(link, MemoryError) or "out of memory" in text.lower():
+            return text.splitlines()[0][:200] if text else type(link).__name__
     return None
 
 

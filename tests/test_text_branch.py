@@ -142,7 +142,7 @@ def test_a_missing_pretrained_folder_is_one_line_that_says_how_to_get_one(root, 
 def test_the_default_config_fine_tunes_a_folder_beside_an_nbsvm_and_predicts_with_both(root, tmp_path, monkeypatch):
     """configs/text/default.yaml with a tiny folder saved here: the branch's IDF and ratios are counted on the
     training split, its rate is its own, the final weights are tested, evaluate and predict agree with the run, and
-    export says in one line that it cannot write two inputs."""
+    export writes and checks a model of two inputs, quantized too."""
     folder = tiny_folder(root, tmp_path, monkeypatch)
     config = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
     config += [f"--model.pretrained={folder}", "--data.max_tokens=64", "--data.num_workers=0"]

@@ -19,6 +19,8 @@ from typing import Any
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+from project.errors import causes
+
 POLL_SECONDS = 0.5
 _PIDS = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\)")
 _SIGNAL = re.compile(r"killed by signal: ([^.]+)")
@@ -38,15 +40,12 @@ class DeadWorker:
 
 def dead_worker(error: BaseException | None) -> DeadWorker | None:
     """The dead worker behind `error` (or an error it was raised from), else None."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        found = _PIDS.search(str(error)) if isinstance(error, RuntimeError) else None
+    for link in causes(error):
+        found = _PIDS.search(str(link)) if isinstance(link, RuntimeError) else None
         if found:
             pids = [int(pid) for pid in found.group(1).replace(",", " ").split()]
-            killed = _SIGNAL.search(str(error))
-            return DeadWorker(pids, f"killed by signal: {killed.group(1)}" if killed else _exit_of(error))
-        error = error.__cause__ or error.__context__
+            killed = _SIGNAL.search(str(link))
+            return DeadWorker(pids, f"killed by signal: {killed.group(1)}" if killed else _exit_of(link))
     return None
 
 

@@ -234,7 +234,7 @@ class TextClassifier(Classifier):
             if not self.branch:
                 return self.score("train", self(batch.tokens), batch.label)
             # each model on its own loss, as if trained alone; the metrics read their sum
-            logits = self.head(self.encoder(batch.tokens, batch.tokens != self.hparams.pad_id))
+            logits = self.head(self.features(batch))
             scores = self.ngrams(batch.ngrams)
         loss = (
             self.loss(logits, batch.label)
