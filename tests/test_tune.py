@@ -81,14 +81,16 @@ def test_a_malformed_search_space_is_one_user_error(tmp_path, text, message):
         load_search(path)
 
 
-def test_a_stored_study_resumes_only_with_its_own_metric_and_direction(tmp_path):
+def test_a_stored_study_resumes_only_when_asked_and_with_its_own_metric_and_direction(tmp_path):
     storage, sampler, pruner = f"sqlite:///{tmp_path / 'study.db'}", optuna.samplers.TPESampler(), None
     first = open_study(storage, "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner)
     first.add_trial(optuna.trial.create_trial(value=0.5))
-    again = open_study(storage, "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner)
+    with pytest.raises(UserError, match=r"study s exists at sqlite:///.*study\.db; pass --resume true to continue"):
+        open_study(storage, "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner)
+    again = open_study(storage, "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner, resume=True)
     assert len(again.trials) == 1
     with pytest.raises(UserError, match="started to maximize val/acc, but the search space says minimize val/loss"):
-        open_study(storage, "s", {"metric": "val/loss", "direction": "minimize"}, sampler, pruner)
+        open_study(storage, "s", {"metric": "val/loss", "direction": "minimize"}, sampler, pruner, resume=True)
     with pytest.raises(UserError, match="--storage nonsense://x"):
         open_study("nonsense://x", "s", {"metric": "val/acc", "direction": "maximize"}, sampler, pruner)
 
@@ -131,6 +133,7 @@ def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_p
     pruner = {"name": "ThresholdPruner", "lower": 1.01}
     resumed = run_here(
         "project.tune",
+        "--resume=true",
         "--n-trials=3",
         f"--search={write_search(tmp_path / 'b.yaml', pruner)}",
         "--study-name=tiny",

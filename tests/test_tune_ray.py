@@ -170,7 +170,7 @@ def test_a_killed_experiment_resumes_to_n_trials(tiny_demo, tmp_path):
     time.sleep(2)  # let Ray save its experiment state
     os.killpg(process.pid, signal.SIGKILL)  # the driver and the local Ray it started (its own session)
     process.wait()
-    resumed = run_module("project.tune", *command, cwd=tmp_path, timeout=600)
+    resumed = run_module("project.tune", *command, "--resume=true", cwd=tmp_path, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming experiment" in resumed.stderr and "experiment killed: 2 trials" in resumed.stdout
     rows = [line for line in resumed.stdout.splitlines() if "│ done" in line]

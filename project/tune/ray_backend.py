@@ -18,8 +18,10 @@ this project: the weights, the optimizer and the exact data position.
   its new learning rate and weight decay (`NewHyperparameters`).
 - fifo: runs every trial to its end.
 
-Ray keeps the experiment in logs/<study>/ray/; running the same command again after an interruption
-continues it (`Tuner.restore`) to N trials in all. At the end: a table of the trials, and logs/<study>/best.yaml
+Ray keeps the experiment in logs/<study>/ray/; the same command with `--resume true` after an interruption
+continues it (`Tuner.restore`) to N trials in all. `Tuner.restore` unpickles the folder's tuner.pkl and trial
+states, so resuming trusts the folder like code: without --resume an existing folder is refused before anything
+in it is read (project.tune.run.refuse_existing). At the end: a table of the trials, and logs/<study>/best.yaml
 for `python -m project.train --config`, as with Optuna.
 """
 
@@ -45,10 +47,12 @@ from project.tune.ray_trials import (
     tune_name,
 )
 from project.tune.space import best_config, short, versioned_logger
+from project.tune.study import existing_study
 
 
 def run(options: Any, overrides: list[str], config: Any, search: dict, folder: Path) -> Path | None:
-    """Run (or resume) the experiment to --n_trials trials; print the table; write best.yaml (its path)."""
+    """Run (or, with --resume, resume) the experiment to --n_trials trials; print the table; write best.yaml
+    (its path)."""
     require_ray()
     import logging
 
@@ -67,6 +71,8 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
     storage = (folder / "ray").resolve()
     experiment = storage / folder.name
     stored = folder / "ray_experiment.yaml"
+    if not options.resume and (os.path.lexists(storage) or os.path.lexists(stored)):  # run.py said so first
+        raise UserError(existing_study(folder.name, str(folder / "ray")))
     if stored.is_file() and (previous := yaml.safe_load(stored.read_text())) != settings:
         changed = ", ".join(sorted(key for key in settings if previous.get(key) != settings[key]))
         raise UserError(
@@ -93,7 +99,8 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
         ignore_reinit_error=True,
     )
     try:
-        if tune.Tuner.can_restore(str(experiment)):
+        # can_restore only looks for tuner.pkl; restore unpickles it, and only --resume lets it
+        if options.resume and tune.Tuner.can_restore(str(experiment)):
             print(f"resuming experiment {experiment}", file=sys.stderr)
             tuner = tune.Tuner.restore(str(experiment), trainable=function, resume_errored=True)
         else:

@@ -10,14 +10,18 @@ else the task's own, configs/tune/<task>.yaml for a model of project/tasks/<task
 (configs/tune/text.yaml for the text task), or else configs/tune/default.yaml (the image task's).
 
 The study is stored in logs/<study>/study.db (SQLite) unless --storage names another database. It runs
-until the study holds N finished (complete or pruned) trials: run the same command again to resume it
-after an interruption, with a larger N to add trials, or on several machines against one RDB url
-(PostgreSQL, MySQL) to share the work. At the end it prints a table of the trials and writes the best
-trial's configuration to logs/<study>/best.yaml, for `python -m project.train --config`.
+until the study holds N finished (complete or pruned) trials. A study that exists is continued only with
+`--resume true`: after an interruption, with a larger N to add trials, or on several machines against one
+RDB url (PostgreSQL, MySQL) to share the work (each with --resume true). Without it the command stops in one
+line before it reads the study: a study folder copied from someone else is trusted like code once resumed
+(Ray's records are pickles; a study's stored configuration becomes best.yaml). At the end it prints a
+table of the trials and writes the best trial's configuration to logs/<study>/best.yaml, for
+`python -m project.train --config`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,7 +41,7 @@ from project.tune.space import (
     has_key,
     load_search,
 )
-from project.tune.study import make_pruner, open_study, optimize, trials_table, write_best
+from project.tune.study import existing_study, make_pruner, open_study, optimize, trials_table, write_best
 
 
 def options(
@@ -50,6 +54,7 @@ def options(
     scheduler: Literal["asha", "pbt", "fifo"] = "asha",
     address: str | None = None,
     resources_per_trial: str | None = None,
+    resume: bool = False,
 ) -> SimpleNamespace:
     """Search hyperparameters with Optuna or Ray Tune; every trial is a project.train run.
 
@@ -62,6 +67,8 @@ def options(
         scheduler: ray: the trial scheduler.
         address: ray: a running cluster (auto, or HOST:PORT); default: a local Ray.
         resources_per_trial: ray: cpu=N,gpu=N for each trial (default cpu=1,gpu=0).
+        resume: continue the study if it exists (else start it). Resuming trusts the study's folder (or
+            storage) like code: Ray's records in it are unpickled. Without it, an existing study is refused.
     """
     if backend == "optuna" and (address or resources_per_trial):
         raise UserError("--address and --resources_per_trial are for --backend ray")
@@ -83,6 +90,7 @@ def options(
         scheduler=scheduler,
         address=address,
         resources_per_trial=resources_per_trial,
+        resume=resume,
     )
 
 
@@ -96,20 +104,38 @@ def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
     return options(**given), overrides
 
 
+def refuse_existing(options: SimpleNamespace, folder: Path, name: str) -> None:
+    """Stop, in one line, where the study's folder already holds a study and --resume was not given.
+
+    Ray's `Tuner.restore` unpickles the folder's tuner.pkl and trial states, so resuming runs whatever code
+    the folder's author put there; only its existence is looked at here (no file in it is opened). Optuna's
+    storage holds no pickles, but the one rule holds for both backends. A study in a --storage of the
+    user's own is found by `open_study`, which asks that database."""
+    if options.resume:
+        return
+    if options.backend == "ray":
+        found = [path for path in (folder / "ray", folder / "ray_experiment.yaml") if os.path.lexists(path)]
+    else:
+        found = [folder / "study.db"] if options.storage is None and os.path.lexists(folder / "study.db") else []
+    if found:
+        raise UserError(existing_study(name, str(found[0])))
+
+
 def main(args: list[str] | None = None) -> optuna.Study | None:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
     checked = ConfigOnlyCLI(args=overrides)  # checks the overrides before any trial
-    checked.check_data()  # and the data: a missing split is one line here, for both backends
     config = checked.config
+    logger = getattr(config.trainer.logger, "init_args", None)
+    save_dir = Path(getattr(logger, "save_dir", None) or "logs")
+    name = options.study_name or f"{getattr(logger, 'name', None) or 'study'}-tune"
+    folder = save_dir / name
+    refuse_existing(options, folder, name)  # first: before anything in the study's folder is read
+    checked.check_data()  # and the data: a missing split is one line here, for both backends
     options.search = options.search or default_search(config)
     search = load_search(options.search)
     unknown = [key for key in search["params"] if not has_key(config, key)]
     if unknown:
         raise UserError(f"search space {options.search}: {unknown[0]!r} is not a config key (see project.train --help)")
-    logger = getattr(config.trainer.logger, "init_args", None)
-    save_dir = Path(getattr(logger, "save_dir", None) or "logs")
-    name = options.study_name or f"{getattr(logger, 'name', None) or 'study'}-tune"
-    folder = save_dir / name
     if options.backend == "ray":  # project/tune/ray_backend.py: the same search space, trial folders and best.yaml
         from project.tune.ray_backend import run
 
@@ -121,13 +147,13 @@ def main(args: list[str] | None = None) -> optuna.Study | None:
     folder.mkdir(parents=True, exist_ok=True)
     storage = options.storage or f"sqlite:///{folder / 'study.db'}"
     sampler, pruner = optuna.samplers.TPESampler(), make_pruner(search.get("pruner"))
-    study = open_study(storage, name, search, sampler, pruner)
+    study = open_study(storage, name, search, sampler, pruner, resume=options.resume)
     print(f"study {name} in {redact(storage)}", file=sys.stderr)
     started = time.perf_counter()
     try:
         optimize(study, options.n_trials, overrides, config, search, folder)
     except SIGTERMException:
-        print(f"stopped by SIGTERM: run the same command again to resume study {name}", file=sys.stderr)
+        print(f"stopped by SIGTERM: add --resume true to the same command to continue study {name}", file=sys.stderr)
         raise SystemExit(143) from None
     finally:
         Console(width=max(Console().width, 120)).print(trials_table(study, search["metric"]))

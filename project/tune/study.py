@@ -1,6 +1,6 @@
 """The Optuna backend of `project.tune`: a TPE study whose trials are project.train runs, pruned by
-optuna-integration's callback, kept in a storage that resumes (SQLite by default, or a shared RDB), with a
-table of the trials and the best trial's configuration as best.yaml."""
+optuna-integration's callback, kept in a storage that resumes with --resume true (SQLite by default, or a
+shared RDB), with a table of the trials and the best trial's configuration as best.yaml."""
 
 from __future__ import annotations
 
@@ -126,10 +126,25 @@ def write_best(study: optuna.Study, path: Path) -> Path | None:
     return best_config(yaml.safe_load(best.user_attrs["config"]), path, title)
 
 
+def existing_study(name: str, where: str) -> str:
+    """The one line for a study that exists and was not asked to be resumed, for both backends."""
+    return (
+        f"study {name} exists at {where}; pass --resume true to continue it (resuming trusts the folder like "
+        "code) or choose another --study_name"
+    )
+
+
 def open_study(
-    storage: str, name: str, search: dict, sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner
+    storage: str,
+    name: str,
+    search: dict,
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner,
+    resume: bool = False,
 ) -> optuna.Study:
-    """Create the study, or load it to resume: then its metric and direction must be the search space's."""
+    """Create the study, or with `resume` load it where it exists: then its metric and direction must be the
+    search space's. Without `resume` a study of that name in the storage is refused in one line (Optuna's
+    rows are JSON, not pickles, but its best trial's stored configuration would become best.yaml)."""
     try:
         study = optuna.create_study(
             storage=storage,
@@ -137,8 +152,10 @@ def open_study(
             pruner=pruner,
             study_name=name,
             direction=search["direction"],
-            load_if_exists=True,
+            load_if_exists=resume,
         )
+    except optuna.exceptions.DuplicatedStudyError:
+        raise UserError(existing_study(name, redact(storage))) from None
     except (ValueError, ImportError, sqlalchemy.exc.SQLAlchemyError) as error:
         reason = str(error).splitlines()[0]  # a missing driver, a bad url, an unreachable database
         raise UserError(f"--storage {redact(storage)}: {reason}") from None
