@@ -7,7 +7,8 @@ For each: test accuracy (the same for both: dividing by T changes no argmax), th
 predicted class, the expected calibration error (15 equal-width bins of that probability: the gap between
 accuracy and confidence, weighted by the bin's share; torchmetrics' MulticlassCalibrationError, as the runs'
 test/ece), and the mean negative log-likelihood of the true class.
-The run's own config.yaml (beside its checkpoints folder) builds its data, as `python -m project.export` does.
+The run's own config.yaml (beside its checkpoints folder) builds its model, as `python -m project.export` does;
+its data.root, read here from the same file, is our own run's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+import yaml
 from torchmetrics.classification import MulticlassCalibrationError
 
 from project.export.run import load_run
@@ -55,7 +57,8 @@ def split_logits(model: torch.nn.Module, loader: Iterable) -> tuple[torch.Tensor
 
 def measure(ckpt_path: Path) -> dict:
     """The test split's logits under the checkpoint's weights, scored raw and divided by its temperature."""
-    cli = load_run(ckpt_path, [])
+    root = yaml.safe_load((ckpt_path.parents[1] / "config.yaml").read_text())["data"]["init_args"]["root"]
+    cli = load_run(ckpt_path, [f"--data.root={root}"])  # our own run: its data is ours to name
     model, data = cli.model, cli.datamodule
     data.setup("test")
     logits, labels = split_logits(model, data.test_dataloader())

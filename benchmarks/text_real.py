@@ -138,6 +138,7 @@ def ensemble(data: Path, logs: Path, name: str, members: list[str]) -> dict:
             predict = [
                 "project.predict",
                 f"--ckpt_path={tested_checkpoint(runs[-1])}",
+                f"--data.root={data}",
                 f"--data.predict={data / 'test'}",
             ]
             _, took = run(*predict, f"--out={out}", "--log_probs=true", "--trainer.enable_progress_bar=false")

@@ -3,8 +3,6 @@ the model, and the help that shows both classes' options."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 import warnings
 from pathlib import Path
@@ -12,20 +10,27 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from jsonargparse import ArgumentParser
+import yaml
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from project.callbacks.checkpoint_io import check_checkpoint, is_local, local_checkpoint, use_atomic_checkpoints
-from project.callbacks.save_config import RedactedSaveConfig, run_folder
+from project.callbacks.checkpoint_io import (
+    check_checkpoint,
+    is_local,
+    load_checkpoint_file,
+    local_checkpoint,
+    use_atomic_checkpoints,
+)
+from project.callbacks.save_config import RedactedSaveConfig
 from project.callbacks.template import add_callback_sections, chosen
 from project.callbacks.threads import fixed_threads, loader_threads, threads_fixed_by_user
+from project.cli_help import print_help, redacted_print_config
 from project.commands import started_as
 from project.data.datamodule import ShardDataModule
 from project.errors import UserError, allocation_failure, largest_settings
-from project.redact import redact
+from project.run_folder import config_beside, recorded_config_hash, run_config, run_document, task_flags
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -58,8 +63,10 @@ class ProjectCLI(LightningCLI):
     Args:
         args: command-line arguments (default: sys.argv[1:]).
         extra_config_files: config files applied after default.yaml and before `--config` files.
-        from_checkpoint: the model's weights will come from a checkpoint (evaluate, export): no logger
-            (no version folder beside the run), and no pretrained weights to download or find.
+        from_checkpoint: the model's weights will come from a checkpoint (evaluate, predict, export): no
+            logger (no version folder beside the run), no pretrained weights to download or find; given as the
+            checkpoint's path, the model is rebuilt from its run folder's config, read as data
+            (`project/run_folder.py`).
         **kwargs: passed on to LightningCLI.
     """
 
@@ -67,7 +74,7 @@ class ProjectCLI(LightningCLI):
         self,
         args: list[str] | None = None,
         extra_config_files: list[str] = (),
-        from_checkpoint: bool = False,
+        from_checkpoint: bool | str = False,
         **kwargs: Any,
     ) -> None:
         if not DEFAULT_CONFIG.exists():
@@ -110,9 +117,33 @@ class ProjectCLI(LightningCLI):
         for attribute, argument in LINKS:
             parser.link_arguments(f"data.{attribute}", f"model.init_args.{argument}", apply_on="instantiate")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """LightningCLI's parse, with `--print_config` redacted; from a checkpoint, the parts of its run's
+        config.yaml that rebuild its model come after configs/default.yaml, before the user's own configs and
+        flags (it is read only once the user's own configuration says which checkpoint and classes)."""
+        args = sys.argv[1:] if args is None else args
+        with redacted_print_config(args):
+            run = self.run_folder_config(parser, args) if self.from_checkpoint else None
+            super().parse_arguments(parser, args if run is None else ["--config", yaml.safe_dump(run), *args])
+
+    def run_folder_config(self, parser: LightningArgumentParser, args: list[str]) -> dict | None:
+        """What the checkpoint's run folder gives to rebuild its model (`project.run_folder`), once the user's
+        own configuration (parsed beside the run's task classes) says which classes are theirs."""
+        ckpt_path = self.from_checkpoint if isinstance(self.from_checkpoint, str) else None
+        if not ckpt_path or not is_local(ckpt_path) or config_beside(ckpt_path) is None:
+            return None  # a URL's checkpoint has no run folder: the user's --config gives its run's config
+        found = run_document(ckpt_path, recorded_config_hash(load_checkpoint_file(ckpt_path)))
+        if found is None:
+            return None
+        path, document = found
+        own = [arg for arg in args if not arg.startswith("--print_config")]
+        super().parse_arguments(parser, [*task_flags(document), *own])
+        user, defaults = self.config.as_dict(), parser.get_defaults().as_dict()
+        return run_config(path, document, user, defaults, parser.prog)
+
     def before_instantiate_classes(self) -> None:
         if self.help_requested:
-            print_help(self.parser, self.config)
+            print_help(self.parser, self.config, {argument for _, argument in LINKS})
             raise SystemExit(0)
         if self.from_checkpoint:
             without_pretrained_weights(self.config)
@@ -227,31 +258,6 @@ class PredictCLI(ProjectCLI):
         )
 
 
-def print_help(parser: ArgumentParser, config: Any) -> None:
-    """The CLI's help, then every option of the model and data classes this configuration picks, with
-    their docstrings: `--model.lr`, `--data.batch_size` (LightningCLI alone lists only `--model.help`)."""
-    print(parser.format_help())
-    for section in ("model", "data"):
-        chosen = config.get(section)
-        class_path = getattr(chosen, "class_path", None)
-        if class_path is None:
-            continue
-        linked = {argument for _, argument in LINKS} if section == "model" else set()
-        classes = ArgumentParser(prog=parser.prog, usage=argparse.SUPPRESS)
-        classes.add_class_arguments(import_class(class_path), nested_key=section, fail_untyped=False, skip=linked)
-        init_args = getattr(chosen, "init_args", None)
-        given = init_args.items() if init_args is not None else ()
-        defaults = {f"{section}.{key}": value for key, value in given if key not in linked}
-        classes.set_defaults(defaults)  # the configuration's values, not the class's own defaults
-        print(f"\n{section} ({class_path}; pick another with --{section} CLASS):")
-        print(classes.format_help().split("\n", 2)[-1])
-
-
-def import_class(class_path: str) -> type:
-    module, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
 def print_train_help(usage: str) -> None:
     """An entry point's own --help (`usage`), then the train options it passes on to its runs."""
     print(f"{usage}\nEvery other argument is a train option, as `python -m project.train` takes it:\n")
@@ -274,21 +280,3 @@ def share_cores_with_workers(num_workers: int, processes: int = 1) -> None:
     if threads_fixed_by_user() or num_workers == 0:
         return
     torch.set_num_threads(min(fixed_threads(num_workers, processes), torch.get_num_threads()))
-
-
-def print_run_folder(trainer: Any) -> None:
-    """Tell the user where the run went and how to watch it (once, from rank zero)."""
-    if not trainer.is_global_zero or trainer.logger is None:
-        return
-    from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
-
-    run, logger = run_folder(trainer), trainer.logger
-    if isinstance(logger, TensorBoardLogger):
-        watch = f"tensorboard --logdir {run.parents[1]}"
-    elif isinstance(logger, CSVLogger):
-        watch = f"the metrics are in {run / 'metrics.csv'}"
-    elif isinstance(logger, MLFlowLogger):
-        watch = f"mlflow ui --backend-store-uri {redact(logger.experiment.tracking_uri)}"
-    else:
-        watch = f"your {type(logger).__name__}'s own viewer"
-    print(f"\nrun folder: {run}\nwatch it:   {watch}")

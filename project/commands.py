@@ -20,6 +20,9 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
+from project.cli_help import redacted_print_config
+from project.redact import redact_text
+
 
 def invocation(module: str) -> str:
     """How the command was started, for its usage line: `python -m project.shards.prepare` (also when it was
@@ -131,7 +134,8 @@ def run_command(
     """Parse `args` (the command line by default) into `function`'s arguments and call it."""
     parser = command_parser(function, module)
     given = list(sys.argv[1:] if args is None else args)
-    config = parser.parse_args(modernized(given, option_names(parser), spellings))
+    with redacted_print_config(given):  # jsonargparse prints --print_config inside the parse
+        config = parser.parse_args(modernized(given, option_names(parser), spellings))
     return function(**arguments(parser, config))
 
 
@@ -161,7 +165,7 @@ def parse_tool_arguments(
     config = parser.parse_args(mine)
     if printing:
         del config["print_config"]
-        print(parser.dump(config, skip_none=False), end="")
+        print(redact_text(parser.dump(config, skip_none=False)), end="")
         raise SystemExit(0)
     return arguments(parser, config), rest
 

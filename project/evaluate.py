@@ -2,9 +2,10 @@
 
     python -m project.evaluate --ckpt_path PATH [--split val|test] [--config FILE]... [--section.key V]...
 
-The run's own config.yaml (next to its checkpoints/ folder) is loaded after configs/default.yaml, so the
-model and data are built as they were trained. The metrics are printed as a table, then as one JSON
-object on the last line, for scripts.
+The model is rebuilt from the run's own config.yaml (next to its checkpoints/ folder), read as data after
+configs/default.yaml (project/run_folder.py): its model and what its samples become, never where its data is:
+the split comes from your configs and flags (--data.root DIR or --data.test SPEC). The metrics are printed
+as a table, then as one JSON object on the last line, for scripts.
 """
 
 from __future__ import annotations
@@ -19,12 +20,6 @@ from project.errors import UserError, run_main
 from project.tasks import WORKER_MODULES
 
 
-def run_config(ckpt_path: Path) -> list[str]:
-    """The config.yaml of the run a checkpoint belongs to (logs/<exp>/version_N/checkpoints/x.ckpt)."""
-    config = ckpt_path.resolve().parent.parent / "config.yaml"
-    return [str(config)] if config.exists() else []
-
-
 def early_arguments(args: list[str], *options: str) -> argparse.Namespace:
     """What is read before the full parse (the checkpoint decides which run config to load): --ckpt_path,
     -h, --print_config, and `options` (names such as "--out"; "--data.predict" is read as `predict`)."""
@@ -37,31 +32,26 @@ def early_arguments(args: list[str], *options: str) -> argparse.Namespace:
     return early.parse_known_args(args)[0]
 
 
-def checked_run_config(known: argparse.Namespace, purpose: str) -> list[str]:
-    """The run config of --ckpt_path, once it is given and exists (`purpose`: "evaluate", "predict with"); a
-    checkpoint URL has none beside it (give the run's config with --config)."""
+def check_checkpoint_given(known: argparse.Namespace, purpose: str) -> None:
+    """--ckpt_path is given and, when local, exists (`purpose`: "evaluate", "predict with")."""
     from project.callbacks.checkpoint_io import is_local
 
     if known.ckpt_path is None:
         raise UserError(f"--ckpt_path is required: the checkpoint to {purpose}")
-    if not is_local(known.ckpt_path):
-        return []
-    if not Path(known.ckpt_path).is_file():
+    if is_local(known.ckpt_path) and not Path(known.ckpt_path).is_file():
         raise UserError(f"checkpoint not found: {known.ckpt_path}")
-    return run_config(Path(known.ckpt_path))
 
 
 def main(args: list[str] | None = None) -> dict[str, float]:
     args = list(sys.argv[1:] if args is None else args)
     known = early_arguments(args)
-    extra: list[str] = []
     if not (known.help or known.print_config):
-        extra = checked_run_config(known, "evaluate")
+        check_checkpoint_given(known, "evaluate")
         start_forkserver_for(args, WORKER_MODULES)  # before the imports below, beside them
     # imported here: the workers' server runs this module too (project/data/workers.py, `preload`)
     from project.cli import EvaluateCLI
 
-    cli = EvaluateCLI(args=args, extra_config_files=extra, from_checkpoint=True)
+    cli = EvaluateCLI(args=args, from_checkpoint=known.ckpt_path or True)
     run = cli.trainer.validate if cli.config.split == "val" else cli.trainer.test
     results = run(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
     metrics = {key: float(value) for result in results for key, value in result.items()}

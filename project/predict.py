@@ -11,7 +11,7 @@ sample has one, with `--embeddings true` the features before the head, and with 
 class's calibrated log-probability (what `python -m project.ensemble` adds up). Rows reach the disk as they are
 made; under DDP each rank writes its part and rank 0 merges them at the end. A killed run, started again
 with the same command, continues where each rank stopped. The run's own config.yaml (next to its
-checkpoints/ folder) is loaded after configs/default.yaml, as for `project.evaluate`.
+checkpoints/ folder) rebuilds its model, read as data, as for `project.evaluate`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from project.callbacks.predictions import check_output
 from project.data.workers import start_forkserver_for
 from project.errors import UserError, run_main
-from project.evaluate import checked_run_config, early_arguments
+from project.evaluate import check_checkpoint_given, early_arguments
 from project.tasks import WORKER_MODULES
 
 
@@ -40,9 +40,8 @@ def checkpoint_classes(path: str) -> list[str] | None:
 def main(args: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if args is None else args)
     known = early_arguments(args, "--out", "--data.predict", "--data.classes")
-    extra: list[str] = []
     if not (known.help or known.print_config):
-        extra = checked_run_config(known, "predict with")
+        check_checkpoint_given(known, "predict with")
         if known.out is None:
             raise UserError("--out is required: the .jsonl or .parquet file to write")
         if known.predict is None:
@@ -57,7 +56,7 @@ def main(args: list[str] | None = None) -> int:
     from project.cli import PredictCLI
     from project.data.files import PACKED_KEY, unpack_key
 
-    cli = PredictCLI(args=args, extra_config_files=extra, from_checkpoint=True)
+    cli = PredictCLI(args=args, from_checkpoint=known.ckpt_path or True)
     config, data, model = cli.config, cli.datamodule, cli.model
     if not callable(getattr(model, "features", None)):
         raise UserError(f"{type(model).__name__} cannot predict: it has no features(batch) and head")

@@ -24,7 +24,8 @@ def main(args: list[str] | None = None) -> None:
 
     from project.callbacks.dead_worker import dead_worker
     from project.callbacks.preemption import worker_died_message
-    from project.cli import ProjectCLI, print_run_folder
+    from project.callbacks.save_config import print_run_folder
+    from project.cli import ProjectCLI
 
     cli = ProjectCLI(args=args)
     trainer, model, datamodule = cli.trainer, cli.model, cli.datamodule

@@ -12,6 +12,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from .conftest import REPO, run_here, run_module
+from .test_run_folders import record_run_config
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +65,12 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
     test_acc = events.Scalars("test/acc")[-1].value
     assert f"run folder: logs{Path('/')}short{Path('/')}version_0" in result.stdout + result.stderr
 
+    ckpt = run / "checkpoints" / "best.ckpt"
+    # the model comes from the run folder; the data, from the user's flags
     evaluated = run_here(
         "project.evaluate",
-        f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}",
+        f"--ckpt_path={ckpt}",
+        f"--data.root={tiny_demo}",
         "--split=test",
         "--trainer.enable_progress_bar=false",
         cwd=tmp_path,
@@ -75,11 +79,13 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
     metrics = json.loads(evaluated.stdout.strip().splitlines()[-1])
     assert metrics["test/acc"] == pytest.approx(test_acc, abs=1e-6)
     assert not (tmp_path / "logs" / "short" / "version_1").exists(), "evaluate made a new run folder"
+    unsaid = run_here("project.evaluate", f"--ckpt_path={ckpt}", cwd=tmp_path)
+    assert_user_error(unsaid, f"read its data from data.root='{tiny_demo}'", "give yours with --data.root")
 
     # a stranger's run folder whose config.yaml asks for a model larger than any machine: one line, no traceback
     config["model"]["init_args"]["width"] = 10**11
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
-    huge = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", cwd=tmp_path)
+    record_run_config(ckpt, yaml.safe_dump(config))
+    huge = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
     assert_user_error(huge, "ran out of memory", "GB in one piece", "model.width=100000000000")
 
 

@@ -96,15 +96,23 @@ def test_one_run_folder_written_once_by_rank_zero(ddp_run):
     assert yaml.safe_load((run / "hparams.yaml").read_text())["global_batch_size"] == 2 * BATCH
 
 
-def test_test_metrics_on_two_processes_equal_one_process(ddp_run):
+def test_test_metrics_on_two_processes_equal_one_process(ddp_run, data):
     cwd, _, _ = ddp_run
     ckpt = cwd / "logs" / "demo" / "version_0" / "checkpoints" / "best.ckpt"
     metrics = {}
-    # the run's config.yaml (which evaluate loads) says 2 processes; one process must be asked for
+    # evaluate reads the model from the run's config.yaml, never its trainer: one process unless asked for two
     single = ["--trainer.devices=1", "--trainer.strategy=auto"]
     for name, extra in (("single", single), ("ddp", ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")])):
         run = run_module if name == "ddp" else run_here  # one process needs no interpreter of its own
-        result = run("project.evaluate", f"--ckpt_path={ckpt}", *extra, "--data.num_workers=2", *QUIET, cwd=cwd)
+        result = run(
+            "project.evaluate",
+            f"--ckpt_path={ckpt}",
+            *extra,
+            f"--data.root={data}",
+            "--data.num_workers=2",
+            *QUIET,
+            cwd=cwd,
+        )
         assert result.returncode == 0, result.stderr[-4000:]
         metrics[name] = json.loads(result.stdout.strip().splitlines()[-1])
     for key in ("test/acc", "test/loss"):

@@ -265,7 +265,8 @@ def test_fine_tuning_config_trains_from_a_local_file_and_tensorboard_shows_the_r
     assert grid.width > 16 * 8  # an 8-wide grid of the batch
 
     weights.unlink()  # the checkpoint holds every weight: evaluating needs neither the file nor a download
-    evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'best.ckpt'}", cwd=tmp_path)
+    ckpt = run / "checkpoints" / "best.ckpt"
+    evaluated = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert 0.0 <= json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] <= 1.0
 

@@ -163,11 +163,16 @@ def test_the_default_config_fine_tunes_a_folder_beside_an_nbsvm_and_predicts_wit
     test = events(run).Scalars("test/acc")[-1].value
     assert test > 0.3  # 8 classes: chance is 0.125
 
-    evaluated = run_here("project.evaluate", f"--ckpt_path={checkpoint}", cwd=tmp_path)
+    evaluated = run_here("project.evaluate", f"--ckpt_path={checkpoint}", f"--data.root={root}", cwd=tmp_path)
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] == pytest.approx(test)
     out = tmp_path / "predictions.jsonl"
     predicted = run_here(
-        "project.predict", f"--ckpt_path={checkpoint}", f"--data.predict={root / 'test'}", f"--out={out}", cwd=tmp_path
+        "project.predict",
+        f"--ckpt_path={checkpoint}",
+        f"--data.root={root}",
+        f"--data.predict={root / 'test'}",
+        f"--out={out}",
+        cwd=tmp_path,
     )
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -177,7 +182,12 @@ def test_the_default_config_fine_tunes_a_folder_beside_an_nbsvm_and_predicts_wit
 
     out = tmp_path / "out"
     exported = run_here(
-        "project.export", f"--ckpt_path={checkpoint}", f"--out={out}", "--quantize=[static-int8]", cwd=tmp_path
+        "project.export",
+        f"--ckpt_path={checkpoint}",
+        f"--data.root={root}",
+        f"--out={out}",
+        "--quantize=[static-int8]",
+        cwd=tmp_path,
     )
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert "out-of-range for weight" not in exported.stderr  # onnxruntime's per-channel lines about norms' weights

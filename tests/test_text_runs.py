@@ -308,13 +308,12 @@ def test_the_config_without_downloads_trains_a_linear_svm_on_idf_weighted_ngrams
     assert temperatures[-1] < 0.7
     assert 0 <= events(run).Scalars("test/ece")[-1].value < 0.3  # the calibrated probabilities' calibration error
     test = events(run).Scalars("test/acc")[-1].value
-    evaluated = run_here("project.evaluate", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", cwd=tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    evaluated = run_here("project.evaluate", f"--ckpt_path={last}", f"--data.root={root}", cwd=tmp_path)
     assert json.loads(evaluated.stdout.strip().splitlines()[-1])["test/acc"] == pytest.approx(test)
     assert test >= 0.25  # 8 classes: chance is 0.125
     out = tmp_path / "exported"  # the IDF weights travel into the ONNX graph: the export's parity check passes
-    exported = run_here(
-        "project.export", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"--out={out}", cwd=tmp_path
-    )
+    exported = run_here("project.export", f"--ckpt_path={last}", f"--data.root={root}", f"--out={out}", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr[-3000:]  # and the NB ratios
     fp32 = json.loads((out / "report.json").read_text())["variants"][0]
     assert (out / "features.json").is_file() and fp32["name"] == "fp32" and fp32["counts"]["samples"] == 60

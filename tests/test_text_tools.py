@@ -73,8 +73,11 @@ def text_run(text_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def export(run: Path, out: Path, *args: str) -> dict:
+    """project.export of a run's best checkpoint, on the data its config.yaml names (the tests' own)."""
     ckpt = run / "checkpoints" / "best.ckpt"
-    return export_main([f"--ckpt_path={ckpt}", f"--out={out}", "--data.num_workers=0", "--repeats=2", *args])
+    root = yaml.safe_load((run / "config.yaml").read_text())["data"]["init_args"]["root"]
+    args = [f"--ckpt_path={ckpt}", f"--out={out}", f"--data.root={root}", "--data.num_workers=0", "--repeats=2", *args]
+    return export_main(args)
 
 
 def padded(texts: list[str], tokenizer_file: Path, max_tokens: int) -> np.ndarray:
@@ -287,6 +290,7 @@ def test_predict_reads_a_plain_folder_of_txt_files_by_path(text_run: Path, tmp_p
     args = [
         f"--ckpt_path={text_run / 'checkpoints' / 'best.ckpt'}",
         f"--data.predict={folder}",
+        f"--data.root={yaml.safe_load((text_run / 'config.yaml').read_text())['data']['init_args']['root']}",
         f"--out={out}",
         "--top_k=2",
         "--trainer.enable_progress_bar=false",

@@ -44,7 +44,8 @@ from project.active.curves import claim_lines, compare, summarize, write_curves
 from project.active.loop import WAITING, ActiveLoop, Settings
 from project.active.oracle import get_labels
 from project.active.strategies import make_strategy, parse_strategies
-from project.cli import CONFIG_DIR, ConfigOnlyCLI, import_class, print_train_help
+from project.cli import CONFIG_DIR, ConfigOnlyCLI, print_train_help
+from project.cli_help import import_class
 from project.commands import Spellings, command_parser, parse_tool_arguments
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index
 from project.data.specs import SHARD_SUFFIXES, resolve_shards

@@ -4,6 +4,7 @@ would read without the keys it lost), and it writes the URLs as given, tokens in
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +12,22 @@ from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 
 from project.callbacks.checkpoint_io import is_local
 from project.data.atomic import write_atomically
-from project.redact import redact_value
+from project.redact import redact, redact_value
+from project.run_folder import RUN_CONFIG_KEY
 
 
 class AtomicSaveConfigCallback(SaveConfigCallback):
     """LightningCLI's `SaveConfigCallback`, writing config.yaml to a temporary file that is then renamed over
     it: evaluate, export and predict rebuild the model from it, and a config.yaml cut at a line boundary
-    would still parse, without the keys it lost."""
+    would still parse, without the keys it lost. Every checkpoint records the file's SHA-256
+    (`run_folder.RUN_CONFIG_KEY`), so that only this run's config.yaml is read for it, never another run's
+    left in the same folder."""
+
+    config_sha256: str | None = None
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if self.config_sha256 is not None:
+            checkpoint[RUN_CONFIG_KEY] = self.config_sha256
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.already_saved or not self.save_to_log_dir or not self.overwrite or self.multifile:
@@ -28,11 +38,13 @@ class AtomicSaveConfigCallback(SaveConfigCallback):
             super().setup(trainer, pl_module, stage)
             return
         if trainer.is_global_zero:
-            config = self.parser.dump(self.config, skip_none=False)
-            write_atomically(Path(folder) / self.config_filename, lambda stream: stream.write(config.encode("utf-8")))
+            config = self.parser.dump(self.config, skip_none=False).encode("utf-8")
+            write_atomically(Path(folder) / self.config_filename, lambda stream: stream.write(config))
+            self.config_sha256 = hashlib.sha256(config).hexdigest()
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
+        self.config_sha256 = trainer.strategy.broadcast(self.config_sha256)
 
 
 def run_folder(trainer: Any) -> Path:
@@ -65,3 +77,21 @@ def redacted_config(config: Any) -> Any:
     for key, value in config.items():
         config[key] = redact_value(value)
     return config
+
+
+def print_run_folder(trainer: Any) -> None:
+    """Tell the user where the run went and how to watch it (once, from rank zero)."""
+    if not trainer.is_global_zero or trainer.logger is None:
+        return
+    from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+
+    run, logger = run_folder(trainer), trainer.logger
+    if isinstance(logger, TensorBoardLogger):
+        watch = f"tensorboard --logdir {run.parents[1]}"
+    elif isinstance(logger, CSVLogger):
+        watch = f"the metrics are in {run / 'metrics.csv'}"
+    elif isinstance(logger, MLFlowLogger):
+        watch = f"mlflow ui --backend-store-uri {redact(logger.experiment.tracking_uri)}"
+    else:
+        watch = f"your {type(logger).__name__}'s own viewer"
+    print(f"\nrun folder: {run}\nwatch it:   {watch}")

@@ -3,8 +3,9 @@
     python -m project.export --ckpt_path P [--format onnx|torchscript] [--quantize [dynamic-int8,static-int8]]
                              [--prune AMOUNT] [--out DIR] [--split test|val] [--batches N] [overrides...]
 
-The model and data are rebuilt from the run's config.yaml (next to its checkpoints/ folder), as
-project.evaluate does. An exported model takes what the module's forward takes, and returns logits:
+The model is rebuilt from the run's config.yaml (next to its checkpoints/ folder), read as data, as
+project.evaluate does; the split to check on comes from your configs and flags. An exported model takes
+what the module's forward takes, and returns logits:
 for images, uint8 NCHW ([N, 3, H, W] at the run's data.image_size, any N), normalization inside it; for
 text (a data module with a tokenizer), int64 token ids [N, L] padded at the end with the tokenizer's pad
 id, any N and any L up to data.max_tokens. A text export comes with the tokenizer.json it was trained
@@ -48,7 +49,6 @@ from project.cli import ProjectCLI, print_train_help
 from project.commands import Spellings, command_parser, parse_tool_arguments
 from project.data.atomic import replace_atomically, write_json_atomically
 from project.errors import UserError, run_main
-from project.evaluate import run_config
 from project.export.checks import build_variants, inputs, measure, report_table, split_batches
 from project.export.formats import (
     Inputs,
@@ -115,7 +115,7 @@ def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
 
 def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     """The run's model (with the checkpoint's weights, in eval mode, on the CPU) and data."""
-    cli = ProjectCLI(args=overrides, extra_config_files=run_config(ckpt_path), from_checkpoint=True)
+    cli = ProjectCLI(args=[f"--ckpt_path={ckpt_path}", *overrides], from_checkpoint=str(ckpt_path))
     checkpoint = load_checkpoint_file(ckpt_path)  # weights only: a file that would run code is refused
     state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict):

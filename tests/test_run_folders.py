@@ -1,0 +1,241 @@
+"""A run folder handed to evaluate, predict or export is a stranger's data (project/run_folder.py): its
+config.yaml rebuilds the model, and nothing in it runs, imports a class that is not a task or the user's,
+names the data, or is read for a checkpoint that is not its own."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from project.errors import UserError
+from project.run_folder import RUN_CONFIG_KEY, allowed_class, check_values, config_beside
+
+from .conftest import run_here
+
+EVIL_MODULE = """
+from pathlib import Path
+Path({marker!r}).write_text("imported")
+class Evil:
+    pass
+"""
+
+
+def record_run_config(ckpt: Path, text: str) -> None:
+    """Write a run's config.yaml beside `ckpt`'s checkpoints/ folder and record its hash in the checkpoint, as a
+    stranger who controls both files can."""
+    (ckpt.parent.parent / "config.yaml").write_text(text)
+    checkpoint = torch.load(ckpt, weights_only=True)
+    checkpoint[RUN_CONFIG_KEY] = hashlib.sha256(text.encode()).hexdigest()
+    torch.save(checkpoint, ckpt)
+
+
+def one_error_line(result) -> str:
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    return errors[0]
+
+
+def small_run(root: Path, *extra: str) -> list[str]:
+    return [
+        f"--data.root={root}",
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_demo, tmp_path_factory) -> Path:
+    """A real run folder of a short run (logs/run/version_0)."""
+    folder = tmp_path_factory.mktemp("trained")
+    args = small_run(tiny_demo, "--trainer.max_epochs=1", "--trainer.limit_train_batches=3")
+    result = run_here(
+        "project.train", *args, "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1", cwd=folder
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder / "logs" / "demo" / "version_0"
+
+
+@pytest.fixture
+def strangers_run(trained_run, tmp_path, monkeypatch) -> tuple[Path, dict, Path]:
+    """A copy of the run as a stranger hands it over: (its checkpoint, its config, a folder of markers), with
+    `evil_module` importable (it leaves a marker when imported)."""
+    run = tmp_path / "from-a-stranger" / "version_0"
+    shutil.copytree(trained_run, run)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (tmp_path / "evil_module.py").write_text(EVIL_MODULE.format(marker=str(markers / "imported")))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    return run / "checkpoints" / "best.ckpt", config, markers
+
+
+@pytest.mark.slow
+def test_a_strangers_run_folder_runs_no_command_imports_no_callback_and_names_no_data(
+    strangers_run, tiny_demo, tmp_path
+):
+    ckpt, config, markers = strangers_run
+    data = config["data"]["init_args"]
+    for split in ("train", "val", "test", "predict"):
+        data[split] = f"pipe:touch {markers / split}"
+    data["cache_dir"] = str(markers / "cache")  # where to write is the user's to say
+    config["trainer"]["callbacks"] = [{"class_path": "evil_module.Evil"}]
+    config["trainer"]["default_root_dir"] = str(markers / "root")
+    config["ckpt_path"] = "pipe:touch " + str(markers / "ckpt")
+    record_run_config(ckpt, yaml.safe_dump(config))
+
+    common = ("--trainer.enable_progress_bar=false", "--data.num_workers=0")
+    evaluated = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", *common, cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "test/acc" in evaluated.stdout.splitlines()[-1]
+    out = tmp_path / "rows.jsonl"
+    predicted = run_here(
+        "project.predict",
+        f"--ckpt_path={ckpt}",
+        f"--data.predict={tiny_demo / 'test'}",
+        f"--out={out}",
+        *common,
+        cwd=tmp_path,
+    )
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    assert len(out.read_text().splitlines()) == 150
+    exported = run_here(
+        "project.export",
+        f"--ckpt_path={ckpt}",
+        f"--data.root={tiny_demo}",
+        f"--out={tmp_path / 'export'}",
+        "--batches=1",
+        "--repeats=1",
+        *common,
+        cwd=tmp_path,
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert (tmp_path / "export" / "model.onnx").is_file()
+
+    unsaid = run_here("project.evaluate", f"--ckpt_path={ckpt}", *common, cwd=tmp_path)
+    line = one_error_line(unsaid)
+    assert "data named in a run folder is never read" in line and "--data.root DIR" in line
+    assert list(markers.iterdir()) == [], "something the stranger's config.yaml named ran, was imported or written"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "where",
+    ["model", "nested", "data"],
+)
+def test_a_class_that_is_neither_a_task_nor_the_users_is_one_line_and_never_imported(
+    strangers_run, tiny_demo, tmp_path, where
+):
+    ckpt, config, markers = strangers_run
+    if where == "model":
+        config["model"]["class_path"] = "evil_module.Evil"
+    elif where == "nested":
+        config["model"]["init_args"]["backbone"] = {"class_path": "evil_module.Evil", "init_args": {}}
+    else:
+        config["data"]["class_path"] = "evil_module.Evil"
+    record_run_config(ckpt, yaml.safe_dump(config))
+    result = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
+    line = one_error_line(result)
+    assert "'evil_module.Evil' is neither one of the project's tasks nor a class your configs name" in line
+    assert not (markers / "imported").exists()
+
+
+@pytest.mark.slow
+def test_only_the_checkpoints_own_run_config_is_read(trained_run, tiny_demo, tmp_path):
+    """`--trainer.logger false` leaves config.yaml in the working folder: a checkpoint of another run put in
+    its checkpoints/ must not be rebuilt from it; a checkpoint that records no config (older, or made
+    elsewhere) is built from the user's configs alone."""
+    folder = tmp_path / "work"
+    (folder / "checkpoints").mkdir(parents=True)
+    shutil.copy(trained_run / "checkpoints" / "best.ckpt", folder / "checkpoints" / "other.ckpt")
+    other = yaml.safe_load((trained_run / "config.yaml").read_text())
+    other["model"]["init_args"]["width"] = 8  # another run's model: the checkpoint's tensors would not fit
+    (folder / "config.yaml").write_text(yaml.safe_dump(other))
+    args = (f"--ckpt_path={folder / 'checkpoints' / 'other.ckpt'}", f"--data.root={tiny_demo}", "--data.num_workers=0")
+    result = run_here("project.evaluate", *args, "--trainer.enable_progress_bar=false", cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]  # built from the user's configs (width 16): it fits
+    assert "is not read: the checkpoint was saved with another config.yaml" in result.stderr
+
+    checkpoint = torch.load(folder / "checkpoints" / "other.ckpt", weights_only=True)
+    del checkpoint[RUN_CONFIG_KEY]
+    torch.save(checkpoint, folder / "checkpoints" / "other.ckpt")
+    result = run_here("project.evaluate", *args, "--trainer.enable_progress_bar=false", cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "is not read: the checkpoint records no run config" in result.stderr
+
+
+def test_a_config_yaml_reached_through_a_link_is_not_the_runs(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.ckpt").write_bytes(b"x")
+    (tmp_path / "elsewhere.yaml").write_text("model: {}\n")
+    (run / "config.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    assert config_beside(run / "checkpoints" / "best.ckpt") is None
+    (run / "config.yaml").unlink()
+    (run / "config.yaml").write_text("model: {}\n")
+    assert config_beside(run / "checkpoints" / "best.ckpt") == run / "config.yaml"
+    assert config_beside(tmp_path / "best.ckpt") is None  # not in a run's checkpoints/ folder
+    linked = tmp_path / "linked"
+    (linked / "checkpoints").mkdir(parents=True)
+    (linked / "checkpoints" / "best.ckpt").symlink_to(run / "checkpoints" / "best.ckpt")
+    (linked / "config.yaml").write_text("model: {}\n")
+    assert config_beside(linked / "checkpoints" / "best.ckpt") is None
+
+
+def test_only_the_projects_task_classes_or_the_users_are_allowed():
+    assert allowed_class("project.tasks.image.ImageClassifier", set())
+    assert allowed_class("project.tasks.text.TextShards", set())
+    for refused in (
+        "os.system",
+        "subprocess.Popen",
+        "project.cli.ProjectCLI",  # the project's, but no task
+        "project.tasks.image.model.torch",  # a module that a task's module imports
+        "project.tasks.image.model.UserError",  # a class a task's module imports from elsewhere
+        "project.tasks.nowhere.Nothing",
+        "project.tasks..Empty",
+        None,
+        ["project.tasks.image.ImageClassifier"],
+    ):
+        assert not allowed_class(refused, set()), refused
+    assert allowed_class("my_lab.models.Net", {"my_lab.models.Net"})
+
+
+def test_a_pipe_command_or_a_deep_tree_anywhere_is_one_line(tmp_path):
+    path = tmp_path / "config.yaml"
+    with pytest.raises(UserError, match=r"model.init_args.weights is a pipe: command"):
+        check_values(
+            {"model": {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"weights": "pipe:id"}}},
+            path,
+            set(),
+        )
+    with pytest.raises(UserError, match=r"model.init_args.x\[0\].class_path 'os.system'"):
+        check_values({"model": {"init_args": {"x": [{"class_path": "os.system"}]}}}, path, set())
+    wide: list = ["leaf"]
+    for _ in range(40):  # an alias bomb: 2^40 values as a tree, a few lines as YAML
+        wide = [wide, wide]
+    with pytest.raises(UserError, match="more than 100,000 values"):
+        check_values({"model": {"init_args": {"x": wide}}}, path, set())
+
+
+@pytest.mark.slow
+def test_print_config_and_help_show_no_secret(tmp_path):
+    secret = "https://alice:s3cretPassw0rd@data.example/shards/{0..3}.tar?X-Amz-Signature=abcdef0123456789"
+    printed = run_here("project.train", f"--data.train={secret}", "--print_config", cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert "data.example" in printed.stdout
+    helped = run_here("project.train", f"--data.train={secret}", "--help", cwd=tmp_path)
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert "data.example" in helped.stdout
+    for result in (printed, helped):
+        assert "s3cretPassw0rd" not in result.stdout + result.stderr
+        assert "abcdef0123456789" not in result.stdout + result.stderr
