@@ -14,11 +14,13 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from project.data.paths import check_output
 from project.data.remote import is_remote, local_path
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, Shard, ShardIndex, read_index, write_index
 from project.data.tarwriter import FastTarWriter
 from project.errors import UserError
+from project.shown import shown
 
 # what a pool's folder may hold beside its index that a task reads there (the text task's tokenizer)
 COMPANION_FILES = ("tokenizer.json",)
@@ -53,7 +55,7 @@ def fetch(samples_of: Iterable[tuple[str, str]], drop: frozenset[str] = frozense
                     break
     missing = [key for keys in wanted.values() for key in keys if key not in found]
     if missing:
-        raise UserError(f"{len(missing)} selected samples are no longer in the pool (the first: {missing[0]})")
+        raise UserError(f"{len(missing)} selected samples are no longer in the pool (the first: {shown(missing[0])})")
     return found
 
 
@@ -82,7 +84,7 @@ def append(folder: Path, name: str, samples: list[dict], extra: dict | None = No
     """Add `samples` as the new shard `folder/name` and list it in the index (both atomic, in that order).
     Appending a shard the index already lists does nothing: a re-run after a kill finishes the append."""
     index = read_index(str(folder / INDEX_NAME))
-    path = folder / name
+    path = check_output(folder / name, folder)  # a shard name planted as a link out of the labeled set
     if lists(index, name):
         return path
     if not samples:

@@ -47,6 +47,7 @@ from project.active.strategies import make_strategy, parse_strategies
 from project.cli import CONFIG_DIR, ConfigOnlyCLI, print_train_help
 from project.cli_help import import_class
 from project.commands import Spellings, command_parser, parse_tool_arguments
+from project.data.paths import check_output
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index
 from project.data.specs import SHARD_SUFFIXES, resolve_shards
 from project.errors import UserError, run_main
@@ -153,6 +154,8 @@ def settings_from(options: SimpleNamespace, overrides: list[str]) -> tuple[Setti
     logger = getattr(config.trainer.logger, "init_args", None)
     experiment = getattr(logger, "name", None) or "demo"
     run = options.run or Path(getattr(logger, "save_dir", None) or "logs") / f"{experiment}-active"
+    if options.run is None:  # the folder the user named may be a link; one planted under logs/ may not lead out
+        check_output(run, run.parent)
     label_members = import_class(config.data.class_path).label_extensions
     tensorboard = logger is not None and "version" in logger
     settings = Settings(

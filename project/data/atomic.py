@@ -3,7 +3,10 @@ renamed over the destination (`os.replace`, atomic on POSIX and Windows), and th
 reader, or a run started after a kill at any moment, sees the old file or the new one. Checkpoints and
 config.yaml (project/callbacks/checkpoint_io.py, save_config.py), shard indexes and shards, the remote cache,
 the tokenizer, prepare's manifest and reports, export's models and report, predict's progress and output,
-best.yaml and active learning's files all go through here: the one atomic writer."""
+best.yaml and active learning's files all go through here: the one atomic writer. Each write first refuses,
+in one line, a path whose links lead out of its output folder (`project.data.paths.check_output`): `root`, where
+the caller names the folder the user gave it, else the target's own folder, so a target that is a link out is
+refused on every path."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from project.data.paths import check_output
 from project.data.workers import process_alive
 
 PARTIAL = ".partial"  # in the temporary's name: see `_temporary`
@@ -28,10 +32,13 @@ def _temporary(path: Path, keep_suffix: bool = False) -> Path:
     return path.with_name(f".{path.name}~{socket.gethostname()}~{os.getpid()}~{secrets.token_hex(4)}{PARTIAL}{suffix}")
 
 
-def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
+def write_atomically(
+    path: str | os.PathLike, write: Callable[[IO[bytes]], None], root: str | os.PathLike | None = None
+) -> None:
     """Write `path` through `write(stream)` into a temporary file beside it, fsync it, then rename it over
-    `path`: a reader (or a run started after a kill) sees the old file or the new one, whole."""
-    path = Path(str(path).removeprefix("file://"))
+    `path`: a reader (or a run started after a kill) sees the old file or the new one, whole. `root`: the
+    output folder `path` is in (see the module's docstring)."""
+    path = check_output(Path(str(path).removeprefix("file://")), root)  # before a folder is made through a link
     folder = path.parent
     folder.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(folder)
@@ -51,10 +58,12 @@ def write_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None]
     fsync_folder(folder)
 
 
-def replace_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+def replace_atomically(
+    path: str | os.PathLike, write: Callable[[Path], object], root: str | os.PathLike | None = None
+) -> None:
     """`write_atomically` for writers that need a path: `write(temporary)`, where the temporary keeps the
     suffix (PIL, matplotlib and ONNX pick the format from it); removed if the write fails."""
-    path = Path(path)
+    path = check_output(path, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(path.parent)
     temporary = _temporary(path, keep_suffix=True)
@@ -68,15 +77,15 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[Path], object])
     fsync_folder(path.parent)
 
 
-def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+def write_text_atomically(path: str | os.PathLike, text: str, root: str | os.PathLike | None = None) -> None:
     """A text file (UTF-8), whole or not at all."""
     data = text.encode("utf-8")
-    write_atomically(path, lambda stream: stream.write(data))
+    write_atomically(path, lambda stream: stream.write(data), root)
 
 
-def write_json_atomically(path: str | os.PathLike, data: object) -> None:
+def write_json_atomically(path: str | os.PathLike, data: object, root: str | os.PathLike | None = None) -> None:
     """A JSON file, indented, whole or not at all."""
-    write_text_atomically(path, json.dumps(data, indent=1) + "\n")
+    write_text_atomically(path, json.dumps(data, indent=1) + "\n", root)
 
 
 def fsync_folder(folder: Path) -> None:

@@ -1,7 +1,8 @@
 """A plain folder of files as shards: what `project.predict` reads when it is given a folder of images (or of
 .txt files) instead of shards.
 
-Each file the task can read (by suffix) becomes one sample, packed once into uncompressed tar shards in a
+Each regular file the task can read (by suffix) becomes one sample (a link out of the folder, a FIFO or a device
+is skipped, and the count said on stderr), packed once into uncompressed tar shards in a
 temporary folder of this user's alone (`project.data.private`), named after the folder's listing (paths,
 sizes and modification times): a second run over the same files reuses the shards, so a killed predict
 resumes on the same plan, and a changed folder gets new ones. The packing is deterministic and lands with one
@@ -16,14 +17,17 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from project.data.paths import Listed, SourceFile, open_regular, source_files
 from project.data.private import private_folder
 from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.data.specs import SHARD_SUFFIXES
 from project.errors import UserError
+from project.shown import shown
 
 FILES_PER_SHARD = 1000
 PACKED_KEY = "files_from"  # the shard index of a packed folder records the folder under this key
@@ -38,13 +42,12 @@ def is_plain_folder(spec: object) -> bool:
     return not any(name.endswith(SHARD_SUFFIXES) for name in os.listdir(spec))
 
 
-def listing(folder: Path, suffixes: frozenset[str]) -> list[Path]:
-    """The files under `folder` whose suffix is one of `suffixes`, sorted by relative path (hidden ones out)."""
-    found = []
-    for root, directories, names in os.walk(folder):
-        directories[:] = sorted(d for d in directories if not d.startswith("."))
-        found += [Path(root, n) for n in names if not n.startswith(".") and n.rpartition(".")[2].lower() in suffixes]
-    return sorted(found, key=lambda path: path.relative_to(folder).as_posix())
+def listing(folder: Path, suffixes: frozenset[str]) -> Listed:
+    """The regular files under `folder` whose suffix is one of `suffixes`, sorted by relative path (hidden ones
+    out), and a line for each entry skipped: a link out of the folder, a FIFO, a device (`source_files`)."""
+    listed = source_files(folder, tuple(f".{suffix}" for suffix in suffixes), hidden=False)
+    listed.files.sort(key=lambda file: Path(file.path).relative_to(folder).as_posix())
+    return listed
 
 
 def pack_key(relative: str) -> str:
@@ -64,14 +67,19 @@ def pack_folder(folder: str, suffixes: frozenset[str], cache: str | None = None)
     source = Path(folder).resolve()
     if not suffixes:
         raise UserError(f"{folder} is a plain folder (no shards, no {INDEX_NAME}), and this task reads none")
-    files = listing(source, suffixes)
+    listed = listing(source, suffixes)
+    files = listed.files
+    if listed.skipped:  # the packed shards leave them out: say so, as a tool says what it skipped
+        first = shown(listed.skipped[0])  # a file's name, from the folder
+        print(f"{len(listed.skipped)} files skipped in {shown(folder)}; the first: {first}", file=sys.stderr)
     if not files:
         wanted = ", ".join(f".{suffix}" for suffix in sorted(suffixes))
         raise UserError(f"no shards and no files to read in {folder}: expected a {INDEX_NAME}, .tar files or {wanted}")
     digest = hashlib.sha256(str(source).encode())
-    for path in files:
-        stat = path.stat()
-        digest.update(f"\0{path.relative_to(source).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    for file in files:
+        stat = os.stat(file.real)
+        relative = Path(file.path).relative_to(source).as_posix()
+        digest.update(f"\0{relative}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     # a folder of this user's alone: in the shared /tmp, another user could plant an index at a name a hash
     # of the listing makes predictable
     target = private_folder("files", cache) / digest.hexdigest()[:24]
@@ -93,13 +101,15 @@ def pack_folder(folder: str, suffixes: frozenset[str], cache: str | None = None)
     return str(target)
 
 
-def write_shard(path: Path, source: Path, files: list[Path]) -> Shard:
-    """One uncompressed tar of `files`, each as member `<key>.<suffix>` (the suffix in lower case)."""
+def write_shard(path: Path, source: Path, files: list[SourceFile]) -> Shard:
+    """One uncompressed tar of `files`, each as member `<key>.<suffix>` (the suffix in lower case). Each is
+    opened as a regular file (`open_regular`: a FIFO put in its place since the listing never blocks), and its
+    size taken from the open file."""
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:  # pax: paths of any length
         for file in files:
-            relative = file.relative_to(source).as_posix()
-            info = tarfile.TarInfo(f"{pack_key(relative)}.{file.suffix[1:].lower()}")
-            info.size, info.mtime, info.mode = file.stat().st_size, 0, 0o644
-            with open(file, "rb") as stream:
+            relative = Path(file.path).relative_to(source).as_posix()
+            info = tarfile.TarInfo(f"{pack_key(relative)}.{Path(file.path).suffix[1:].lower()}")
+            with open_regular(file.real) as stream:
+                info.size, info.mtime, info.mode = os.fstat(stream.fileno()).st_size, 0, 0o644
                 tar.addfile(info, stream)
     return Shard(str(path), len(files), path.stat().st_size)

@@ -48,6 +48,7 @@ from project.callbacks.checkpoint_io import is_local, load_checkpoint_file, loca
 from project.cli import ProjectCLI, print_train_help
 from project.commands import Spellings, command_parser, parse_tool_arguments
 from project.data.atomic import replace_atomically, write_json_atomically
+from project.data.paths import check_output
 from project.errors import UserError, run_main
 from project.export.checks import build_variants, inputs, measure, report_table, split_batches
 from project.export.formats import (
@@ -198,13 +199,26 @@ def copy_tokenizer(cli: ProjectCLI, out: Path) -> dict:
     }
 
 
+def output_folder(out: Path | None, run: Path | None) -> Path:
+    """The folder to export into, made: --out, else the run folder's `export` (the current folder's for a
+    checkpoint URL). A run folder may be a stranger's: a link in it out of it (`export -> someone/else/models`,
+    a model file planted as a link) is refused in one line before anything is loaded or written. --out itself
+    may be a link: the user named it."""
+    root = out if out is not None else (run if run is not None else Path("."))
+    out = out if out is not None else root / "export"
+    check_output(out, root)
+    for existing in out.glob("model*") if out.is_dir() else ():  # large ONNX models are written in place
+        check_output(existing, out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def main(args: list[str] | None = None) -> dict:
     options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
     given, remote = options.ckpt_path, not is_local(options.ckpt_path)
     options.ckpt_path = local_checkpoint(options.ckpt_path)  # a URL's copy, in a folder of this user's
+    options.out = output_folder(options.out, None if remote else options.ckpt_path.resolve().parent.parent)
     cli = load_run(options.ckpt_path, overrides)
-    options.out = options.out or (Path("export") if remote else options.ckpt_path.resolve().parent.parent / "export")
-    options.out.mkdir(parents=True, exist_ok=True)
     specs = model_inputs(cli)
     tokenizer = copy_tokenizer(cli, options.out) if specs[0].sequence else None
     ngrams = write_ngrams(cli, options.out) if len(specs) > 1 else None

@@ -14,17 +14,29 @@ Part indexes written by `prepare --part I/N` are merged without a re-scan.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from project.commands import Spellings, run_command
+from project.data.paths import matching_files, source_files
+from project.data.remote import is_remote
 from project.data.samples import REFUSED, read_samples
-from project.data.shard_index import SHUFFLED_KEY, Shard, ShardIndex, read_index, shuffled_before_sharding, write_index
+from project.data.shard_index import (
+    INDEX_NAME,
+    SHUFFLED_KEY,
+    Shard,
+    ShardIndex,
+    read_index,
+    shuffled_before_sharding,
+    write_index,
+)
 from project.data.specs import SHARD_SUFFIXES, resolve_shards
 from project.errors import ShardError, UserError, run_main
 from project.shards.mixing import sorted_warning
 from project.shards.records import labels_to_classes
+from project.shown import shown
 from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, label_text, open_image
 from project.tasks.labels import index_classes
 
@@ -85,10 +97,15 @@ def text_sample_problems(sample: dict, labels: Counter) -> list[str]:
 
 
 def build_index(
-    inputs: list[str], out: str | Path, verify_images: bool = True, shard_labels: list[Counter] | None = None
+    inputs: list[str],
+    out: str | Path,
+    verify_images: bool = True,
+    shard_labels: list[Counter] | None = None,
+    skipped: list[str] | None = None,
 ) -> tuple[ShardIndex, list[str]]:
     """Merge part indexes and scan shards into one index at `out`; returns it and the problems found. The labels
-    counted in each scanned shard are appended to `shard_labels` when it is given."""
+    counted in each scanned shard are appended to `shard_labels` when it is given, and a line for each entry of
+    a folder or glob left out (a link out of it, a FIFO, a folder named like a shard) to `skipped`."""
     shards: list[Shard] = []
     classes: list[str] | None = None
     labels: Counter = Counter()
@@ -102,13 +119,14 @@ def build_index(
             shuffled.append(shuffled_before_sharding(part))
             continue
         shuffled.append(False)  # shards made elsewhere: training interleaves them
-        paths = [spec] if os.path.isfile(spec) else None
-        if paths is None and os.path.isdir(spec):
-            paths = sorted(str(p) for p in Path(spec).iterdir() if p.name.endswith(SHARD_SUFFIXES))
+        paths, left_out = local_shards(spec)
         if paths is None:
             paths = [s.url for s in resolve_shards(spec, count=lambda url: 0).shards]
+        if skipped is not None:
+            skipped += left_out
         if not paths:
-            raise UserError(f"no shards match {spec}")
+            more = f" ({len(left_out)} skipped; the first: {left_out[0]})" if left_out else ""
+            raise UserError(f"no shards match {spec}{more}")
         for path in paths:
             report = scan_shard(path, verify_images)
             shards.append(report.shard)
@@ -125,6 +143,35 @@ def build_index(
     return index, problems
 
 
+def local_shards(spec: str) -> tuple[list[str] | None, list[str]]:
+    """The shard files a local file, folder or glob names (None for any other spec), and a line for each entry
+    left out: a folder's or a glob's shards are its regular files, and links that stay inside it."""
+    if os.path.isfile(spec):
+        return [spec], []  # named on the command line
+    if os.path.isdir(spec):
+        listed = source_files(spec, SHARD_SUFFIXES, recursive=False)
+    elif not is_remote(spec) and re.search(r"[*?\[]", spec):
+        listed = matching_files(spec, SHARD_SUFFIXES)
+    else:
+        return None, []
+    return [file.path for file in listed.files], listed.skipped
+
+
+def shard_spec(spec: str) -> tuple[str | list[str], list[str]]:
+    """A data spec whose local folder (without a shard index) or glob is read as its regular shard files, and a
+    line for each entry skipped: the spec itself where nothing is skipped (resolve_shards then reads it as
+    before), else the list of the files kept. Any other spec as it is: an index names its shards, and that is
+    the index's boundary. For prepare's and inspect's shard sources."""
+    if os.path.isdir(spec) and os.path.exists(os.path.join(spec, INDEX_NAME)):
+        return spec, []
+    paths, skipped = local_shards(spec) if not os.path.isfile(spec) else (None, [])
+    if paths is None or not skipped:
+        return spec, skipped
+    if not paths:
+        raise UserError(f"no shards in {spec}: {len(skipped)} skipped, the first: {skipped[0]}")
+    return paths, skipped
+
+
 def command(inputs: list[str], *, out: str, verify_images: bool = True) -> None:
     """Write a shard index for existing shards, made by any tool, and verify them.
 
@@ -134,15 +181,20 @@ def command(inputs: list[str], *, out: str, verify_images: bool = True) -> None:
         verify_images: check that every image decodes (false: faster).
     """
     shard_labels: list[Counter] = []
-    index, problems = build_index(inputs, out, verify_images, shard_labels)
+    skipped: list[str] = []
+    index, problems = build_index(inputs, out, verify_images, shard_labels, skipped)
     classes = f"{len(index_classes(index))} classes" if index_classes(index) else "no labels found"
-    print(f"wrote {out}: {len(index.shards)} shards, {index.nsamples} samples, {classes}")
+    print(shown(f"wrote {out}: {len(index.shards)} shards, {index.nsamples} samples, {classes}"))  # class names
     if warning := sorted_warning(shard_labels):
-        print(warning)
+        print(shown(warning))
+    if skipped:
+        print(f"{len(skipped)} entries skipped (links out of their folder, or not regular files):")
+        for line in skipped:
+            print(f"  {shown(line)}")
     if problems:
         print(f"{len(problems)} problem(s) found; training skips these samples and counts them:")
         for problem in problems:
-            print(f"  {problem}")
+            print(f"  {shown(problem)}")
 
 
 def main(argv: list[str] | None = None) -> None:

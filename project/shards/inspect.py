@@ -38,7 +38,9 @@ from project.errors import run_main
 from project.redact import redact
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
+from project.shards.index import shard_spec
 from project.shards.mixing import sorted_warning
+from project.shown import shown
 from project.tasks.image.decode import IMAGE_EXTENSIONS, decode_image, decode_label, open_image
 from project.tasks.labels import index_classes
 
@@ -52,7 +54,16 @@ def splits_of(spec: str) -> dict[str, ShardIndex]:
     if found:
         return {split: resolve_shards(str(path)) for split, path in found.items()}
     name = Path(urlsplit(spec).path).name if is_remote(spec) else root.name  # a URL's query is no name
-    return {redact(name or spec): resolve_shards(spec)}
+    return {redact(name or spec): resolve_shards(listed_shards(spec))}
+
+
+def listed_shards(spec: str) -> str | list[str]:
+    """A local folder without a shard index, or a glob, as its regular shard files (`shard_spec`: links out of
+    it, FIFOs and folders named like shards skipped, and a line on stderr says how many); any other spec as it is."""
+    kept, skipped = shard_spec(spec)
+    if skipped:
+        print(f"{len(skipped)} entries skipped; the first: {shown(skipped[0])}", file=sys.stderr)  # a file's name
+    return kept
 
 
 def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[Image.Image, str]]]:
@@ -121,7 +132,7 @@ def contact_sheet(tiles: list[tuple[Image.Image, str]], path: Path) -> None:
         thumbnail = image.copy()
         thumbnail.thumbnail((TILE - 4, TILE - 4))
         sheet.paste(thumbnail, (x + 2, y + 2))
-        draw.text((x + 2, y + TILE), label[:14], fill="black")
+        draw.text((x + 2, y + TILE), shown(label)[:14], fill="black")
     sheet.save(path)
 
 
@@ -161,17 +172,17 @@ def command(
         folder = Path(data) if Path(data).is_dir() else Path(".")
         path = Path(sheet) if sheet else folder / "contact_sheet.png"
         replace_atomically(path, lambda temporary: contact_sheet(first_tiles, temporary))
-        console.print(f"contact sheet: {path}")
+        console.print(f"contact sheet: {shown(path)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def print_summary(console: Console, split: str, summary: dict) -> None:
-    table = Table(
-        title=f"{split}: {summary['shards']} shards, {summary['samples']} samples, {summary['bytes'] / 1e6:.1f} MB"
-    )
+    # every name from data is rendered by rich: shown with its markup escaped (`[/circle]` is no closing tag)
+    counts = f"{summary['shards']} shards, {summary['samples']} samples, {summary['bytes'] / 1e6:.1f} MB"
+    table = Table(title=f"{shown(split, markup=True)}: {counts}")
     table.add_column("class")
     table.add_column("samples", justify="right")
     for name, count in sorted(summary["classes"].items()):
-        table.add_row(name, str(count))
+        table.add_row(shown(name, markup=True), str(count))
     console.print(table)
     if summary["sizes"]:
         seen = ", ".join(f"{w}x{h} ({n})" for (w, h), n in summary["sizes"].most_common(5))
@@ -179,7 +190,7 @@ def print_summary(console: Console, split: str, summary: dict) -> None:
     if summary["unreadable"]:
         console.print(
             f"unreadable images: {len(summary['unreadable'])} (training skips them); the first: "
-            f"{summary['unreadable'][0]}",
+            f"{shown(summary['unreadable'][0])}",
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -190,9 +201,9 @@ def print_summary(console: Console, split: str, summary: dict) -> None:
             f"{lengths[int(0.95 * (len(lengths) - 1))]}, longest {lengths[-1]}"
         )
         for text, name in summary["texts"]:
-            console.print(f"  [{name}] {text[:80]!r}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"  [{shown(name)}] {text[:80]!r}", markup=False, highlight=False, soft_wrap=True)
     if summary["sorted"]:
-        console.print(f"{split}: {summary['sorted']}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"{shown(split)}: {summary['sorted']}", markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -207,9 +218,9 @@ def check_leakage(
     check_dedup("near", near_distance, near_jaccard)
     found = check(splits_of(data), near_distance, near_jaccard, max(1, workers))
     for leaks in found:
-        console.print(leaks.line(), markup=False, highlight=False)
-        for example in leaks.examples:
-            console.print(example, markup=False, highlight=False, soft_wrap=True)
+        console.print(shown(leaks.line()), markup=False, highlight=False)
+        for example in leaks.examples:  # keys of a stranger's samples
+            console.print(shown(example), markup=False, highlight=False, soft_wrap=True)
     total = sum(leaks.total for leaks in found)
     if total and fail:
         print(f"leakage: {total} val/test samples duplicate train samples", file=sys.stderr)

@@ -1,5 +1,6 @@
 """One planned shard of `prepare`, written by a worker of its pool: its records read (and re-encoded where
-asked) into a tar, whole or not at all. A record whose image cannot be read is left out with a line saying why."""
+asked) into a tar, whole or not at all. A record whose image cannot be read, or whose copied bytes have no JPEG,
+PNG or WebP header, is left out with a line saying why."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from project.data.atomic import write_atomically
 from project.data.shard_index import Shard
 from project.data.tarwriter import FastTarWriter
 from project.shards.records import Record
-from project.shards.sources import encode, read_record
+from project.shards.sources import encode, image_format, read_record
 from project.shards.text_sources import text_bytes
 from project.tasks.image.decode import open_image
 
@@ -55,9 +56,12 @@ def sample_bytes(record: Record, job: ShardJob) -> tuple[bytes, str]:
     """(bytes, extension) of a record as the shard holds it: the text, or the image, re-encoded where asked."""
     if job.text:
         return text_bytes(record), "txt"
-    data, extension = read_record(record)
-    if job.resize or (job.format and job.format != extension):
-        with open_image(data) as image:  # the pixel bound, from the header
-            extension = job.format or extension
-            data = encode(image, extension, job.resize)
-    return data, extension
+    data, named = read_record(record)
+    found = image_format(data)  # the header, not the name: a link or a listing may name any file as x.jpg
+    if not job.resize and found is not None and job.format in (None, found):
+        return data, found  # copied as it is
+    if not job.resize and job.format is None:
+        raise ValueError("not a JPEG, PNG or WebP image by its header")
+    with open_image(data) as image:  # the pixel bound, from the header
+        extension = job.format or found or named
+        return encode(image, extension, job.resize), extension

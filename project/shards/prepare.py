@@ -19,7 +19,10 @@ not valid UTF-8, or have an empty text or label, are skipped, each with a line o
 
 The split is stratified and deterministic for a seed; keys come from the source paths, so they are
 unique and stable. Samples are shuffled before sharding (a shard then mixes classes), and original
-encoded bytes are kept unless --resize or --format ask otherwise. Each shard is written under a
+encoded bytes are kept unless --resize or --format ask otherwise, when their header is a JPEG's, PNG's or WebP's
+(else the image is skipped and counted). A folder's or listing's entries that lead out of it (links, a listing's
+`../` or absolute paths) or are no regular file (FIFOs, devices) are skipped, each with a line, and counted; no
+file is written through a link out of OUT. Each shard is written under a
 temporary name and renamed when complete: an interrupted run, started again with the same arguments,
 keeps its finished shards and redoes the rest. `--part I/N` writes every N-th shard (from the I-th) and
 a part index, for cluster job arrays; `python -m project.shards.index` then merges the parts' indexes.
@@ -49,35 +52,14 @@ from project.redact import redact
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, require_near_text
 from project.shards.duplicates import check_dedup, deduplicate, hash_records, report
 from project.shards.jobs import ShardJob, write_shard
-from project.shards.sources import load
+from project.shards.prepared import Prepared, check_out, summary
+from project.shards.sources import load_images
 from project.shards.split import SPLITS, plan_shards, split_records
 from project.shards.text_sources import is_text, load_text
+from project.shown import shown
 
 MANIFEST = ".prepare.json"
 HASH_CACHE = ".dedup-hashes.npz"  # the samples' hashes, kept for a run started again and for other --parts
-
-
-class Prepared(dict):
-    """{split: [Shard, ...]}: the shards this part wrote, the lines about the bad rows skipped (text), and
-    the duplicates removed with the report's lines about them (empty with --dedup off, or on a --part > 0)."""
-
-    def __init__(
-        self,
-        shards: dict[str, list[Shard]],
-        skipped: list[str] | None = None,
-        text: bool = False,
-        duplicates: int = 0,
-        dedup_lines: list[str] | None = None,
-    ):
-        super().__init__(shards)
-        self.skipped = list(skipped or [])
-        self.text = text
-        self.duplicates = duplicates
-        self.dedup_lines = list(dedup_lines or [])
-
-    @property
-    def bad_rows(self) -> int:
-        return len(self.skipped)
 
 
 def _check_manifest(out: Path, settings: dict) -> None:
@@ -156,7 +138,9 @@ def prepare(
     if not 0 <= index < count:
         raise UserError(f"--part {index}/{count}: I must be in 0..N-1")
     out = Path(out)
+    check_out(out, [out / MANIFEST, out / HASH_CACHE, *(out / split for split in SPLITS)])
     skipped: list[str] = []
+    left_out: list[str] = []
     text = text or is_text(source, text_column)
     if text and (resize is not None or format is not None):
         raise UserError(f"--resize and --format re-encode images; {source} is text: drop them")
@@ -166,11 +150,14 @@ def prepare(
         records, classes, skipped = load_text(source, text_column, label_column)
         if not quiet:
             for line in skipped:
-                print(line, file=sys.stderr)
+                print(shown(line), file=sys.stderr)
         if not records:
             raise UserError(f"no usable texts in {source} ({len(skipped)} bad rows skipped)")
     else:
-        records, classes = load(source, download, torchvision_root, with_sizes=shard_size is not None)
+        records, classes, left_out = load_images(source, download, torchvision_root, with_sizes=shard_size is not None)
+        if not quiet:
+            for line in left_out:
+                print(shown(line), file=sys.stderr)
     # the source as people may see it: the manifest is a file beside the shards, which get shared
     settings = {
         "source": redact(source),
@@ -205,6 +192,7 @@ def prepare(
                 path = str(out / split / f"{split}-{number:06d}.tar")
                 jobs.append(ShardJob(split, number, tuple(group), path, resize, format, text))
         mine = jobs[index::count]
+        check_out(out, [job.path for job in mine])  # a shard's name planted as a link is no finished shard
         todo = [job for job in mine if not os.path.exists(job.path)]  # finished shards are kept
         # a finished shard's count from its headers: a sample left out of it is not in it
         written = {
@@ -222,7 +210,7 @@ def prepare(
                 progress.advance(task, shard.nsamples + len(lines))
         if not quiet:
             for line in unreadable:
-                print(line, file=sys.stderr)
+                print(shown(line), file=sys.stderr)
         skipped += unreadable
     lines = []
     if found is not None and index == 0:
@@ -234,6 +222,7 @@ def prepare(
         text,
         found.removed if found is not None else 0,
         lines,
+        left_out,
     )
     name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
     for split in SPLITS:
@@ -245,18 +234,6 @@ def prepare(
 
 def _columns(name: str) -> tuple:
     return TextColumn(name), BarColumn(), MofNCompleteColumn(), TextColumn("samples"), TimeRemainingColumn()
-
-
-def summary(out: str | Path, result: Prepared) -> str:
-    """The last line of a run: `wrote DIR: train 800, val 100, test 100 samples[; 3 bad rows skipped]
-    [; 12 duplicates removed]`."""
-    counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.items())
-    plural = "" if result.bad_rows == 1 else "s"
-    what = "bad row" if result.text else "unreadable image"
-    bad = f"; {result.bad_rows} {what}{plural} skipped" if result.text or result.bad_rows else ""
-    plural = "" if result.duplicates == 1 else "s"
-    duplicates = f"; {result.duplicates} duplicate{plural} removed" if result.duplicates else ""
-    return f"wrote {out}: {counts} samples{bad}{duplicates}"
 
 
 def _part(text: str) -> tuple[int, int]:
@@ -278,8 +255,8 @@ def command(source: str, *, out: str, workers: int = min(4, os.cpu_count() or 1)
     """
     result = prepare(source, out, workers=workers, **kwargs)
     for line in result.dedup_lines:
-        print(line)
-    print(summary(out, result))
+        print(shown(line))  # keys and paths from the source
+    print(shown(summary(out, result)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,26 +1,28 @@
 """Where `prepare` reads images from: an ImageFolder tree, a CSV or JSONL listing, a torchvision dataset,
 or existing tar shards. Each source lists picklable `Record`s; `read_record` returns a record's bytes.
 `source_kind` tells which kind of source a command line names (text sources: project/shards/text_sources.py).
+A folder or listing yields only regular files inside it (`project.data.paths.source_files`, listings.py): the
+rest is skipped, with a line each.
 """
 
 from __future__ import annotations
 
-import csv
 import functools
 import io
-import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from project.data.paths import class_folders, read_regular, source_files
 from project.data.private import private_folder
 from project.data.remote import cached, is_remote
 from project.data.samples import READ_ERRORS, read_samples
 from project.data.specs import resolve_shards
 from project.data.tarreader import DECOMPRESSORS, tar_members
 from project.errors import UserError
-from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key, unique_keys
+from project.shards.index import shard_spec
+from project.shards.listings import listing
+from project.shards.records import Record, labels_to_classes, sanitize_key, unique_keys
 from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_label, label_text, open_image
 from project.tasks.labels import index_classes
 
@@ -30,95 +32,28 @@ if TYPE_CHECKING:
 IMAGE_SUFFIXES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 CONVERTED_SUFFIXES = {".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}  # stored as PNG
 LISTING_SUFFIXES = (".csv", ".jsonl", ".json")
-LISTING_FIELD_LIMIT = 128 << 10  # csv's default: a path or a label is short
 SOURCE_CACHE_BYTES = 50 * 10**9  # remote source shards kept for re-sharding, the least recently used out first
 
 
-def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], list[str]]:
-    """ROOT/<class>/<...>/<image>: one class per top-level folder, images at any depth below it.
-    File sizes (a stat per file) are read only when `with_sizes` (for --shard-size)."""
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], list[str], list[str]]:
+    """ROOT/<class>/<...>/<image>: one class per top-level folder, images at any depth below it; and a line for
+    each entry skipped (`project.data.paths.source_files`: links out of ROOT, FIFOs and the like). File sizes
+    (a stat per file) are read only when `with_sizes` (for --shard-size)."""
+    classes, skipped = class_folders(root)
     if not classes:
         raise UserError(f"{root} has no class folders: expected ROOT/<class>/<image>")
     records = []
     wanted = tuple(IMAGE_SUFFIXES) + tuple(CONVERTED_SUFFIXES)
     for label, name in enumerate(classes):
-        # os.walk and scandir: pathlib's rglob and stat cost more than writing the shards
-        for folder, _, _ in sorted(os.walk(root / name)):
-            relative_folder = os.path.relpath(folder, root)
-            with os.scandir(folder) as entries:
-                sizes = {
-                    e.name: e.stat().st_size if with_sizes else 0 for e in entries if e.name.lower().endswith(wanted)
-                }
-            for file in sorted(sizes):
-                relative = os.path.join(relative_folder, file)
-                records.append(
-                    Record(sanitize_key(relative), label, "file", (os.path.join(folder, file),), sizes[file])
-                )
+        # scandir, no stat of a regular file unless asked: pathlib's rglob and stat cost more than writing the shards
+        listed = source_files(root / name, wanted, sizes=with_sizes, base=root)
+        skipped += listed.skipped
+        for file in listed.files:
+            relative = os.path.relpath(file.path, root)
+            records.append(Record(sanitize_key(relative), label, "file", (file.real,), file.size))
     if not records:
-        raise UserError(f"no images in the class folders of {root}")
-    return records, classes
-
-
-def listing(path: Path) -> tuple[list[Record], list[str]]:
-    """A CSV (header with `path` and `label` columns) or JSONL ({"path": ..., "label": ...} per line);
-    paths are relative to the listing's folder. A row that cannot be read stops the listing with one line
-    naming it: a field over the CSV limit, a line that is not a JSON object, a path that is not a string."""
-    rows = list(_listing_rows(path))
-    if not rows or not {"path", "label"} <= set(rows[0][1]):
-        found = sorted(map(str, rows[0][1])) if rows else "no rows"
-        raise UserError(f"{path} needs 'path' and 'label' columns (found {found})")
-    for number, row in rows:
-        if None in row:  # csv.DictReader keeps a row's cells past the header's under the key None
-            raise UserError(f"{path} row {number} has more cells than the header has columns")
-        for column in ("path", "label"):
-            value = row.get(column)
-            if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
-                raise UserError(f"{path} row {number}: its {column} is {_shown(value)}, not a string")
-    labels, classes = labels_to_classes([str(row["label"]).strip() for _, row in rows])
-    records = []
-    for (number, row), label in zip(rows, labels, strict=True):
-        try:
-            file = (path.parent / str(row["path"])).resolve()
-            found = file.is_file()
-        except (OSError, ValueError) as error:  # a NUL byte, a name too long
-            raise UserError(f"{path} row {number}: bad path {_shown(row['path'])}: {error}") from None
-        if not found:
-            raise UserError(f"{path} lists a missing image: {_shown(row['path'])}")
-        records.append(Record(sanitize_key(str(row["path"])), label, "file", (str(file),), file.stat().st_size))
-    return records, classes
-
-
-def _listing_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    """(row number, row) of a CSV listing (1: the first row after the header) or a JSONL one (its line)."""
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as stream:  # -sig: the BOM a spreadsheet writes
-            if path.suffix.lower() == ".csv":
-                number = 0
-                try:
-                    with csv_field_limit(LISTING_FIELD_LIMIT):
-                        for number, row in enumerate(csv.DictReader(stream), 1):
-                            yield number, row
-                except csv.Error as error:  # a field over the limit, a NUL byte
-                    raise UserError(f"{path} row {number + 1} is not CSV: {error}") from None
-                return
-            for number, line in enumerate(stream, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except (ValueError, RecursionError) as error:
-                    raise UserError(f"{path}:{number} is not JSON: {type(error).__name__}: {error}") from None
-                if not isinstance(row, dict):
-                    raise UserError(f"{path}:{number} is a JSON {type(row).__name__}, not an object")
-                yield number, row
-    except UnicodeDecodeError as error:
-        raise UserError(f"{path} is not UTF-8 text: {error}") from None
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+        raise UserError(f"no images in the class folders of {root}" + (f" ({len(skipped)} skipped)" if skipped else ""))
+    return records, classes, skipped
 
 
 def torchvision_dataset(name: str, root: Path, download: bool) -> tuple[list[Record], list[str]]:
@@ -152,10 +87,12 @@ def _targets(dataset: Any) -> list[int]:
     return [int(t) for t in targets]
 
 
-def tar_shards(spec: str) -> tuple[list[Record], list[str]]:
+def tar_shards(spec: str) -> tuple[list[Record], list[str], list[str]]:
     """Samples of existing shards (re-shard or re-split them), with their labels: class names resolve with the
-    index's classes, or, where the index records none, become the sorted names."""
-    index = resolve_shards(spec)
+    index's classes, or, where the index records none, become the sorted names; and a line for each entry of a
+    shard folder or glob skipped (`shard_spec`: a link out of it, a FIFO)."""
+    kept, skipped = shard_spec(spec)
+    index = resolve_shards(kept)
     known = index_classes(index)
     found: list[tuple[str, str, str, str, int]] = []  # url, key, image member, label text, size
     for shard in index.shards:
@@ -174,7 +111,7 @@ def tar_shards(spec: str) -> tuple[list[Record], list[str]]:
         Record(sanitize_key(key), label, "tar", (url, key, ext), size)
         for (url, key, ext, _, size), label in zip(found, labels, strict=True)
     ]
-    return records, classes
+    return records, classes, skipped
 
 
 def read_record(record: Record) -> tuple[bytes, str]:
@@ -182,9 +119,10 @@ def read_record(record: Record) -> tuple[bytes, str]:
     if record.kind == "file":
         path = Path(record.where[0])
         suffix = path.suffix.lower()
+        data = read_regular(path)  # a FIFO or a link put in its place since it was listed is refused
         if suffix in IMAGE_SUFFIXES:
-            return path.read_bytes(), IMAGE_SUFFIXES[suffix]
-        with open_image(path.read_bytes()) as image:  # a bomb is refused from its header
+            return data, IMAGE_SUFFIXES[suffix]
+        with open_image(data) as image:  # a bomb is refused from its header
             return encode(image, "png"), "png"
     if record.kind == "tar":
         url, key, extension = record.where
@@ -274,13 +212,33 @@ def load(
     source: str, download: bool = False, torchvision_root: str = "data/torchvision", with_sizes: bool = True
 ) -> tuple[list[Record], list[str]]:
     """Records and class names of an image SOURCE given on the command line."""
-    kind = source_kind(source)
+    records, classes, _ = load_images(source, download, torchvision_root, with_sizes)
+    return records, classes
+
+
+def load_images(
+    source: str, download: bool = False, torchvision_root: str = "data/torchvision", with_sizes: bool = True
+) -> tuple[list[Record], list[str], list[str]]:
+    """`load`, with a line for each file of a folder or listing skipped (a link out of it, a FIFO, ...)."""
+    kind, skipped = source_kind(source), []
     if kind == "torchvision":
         records, classes = torchvision_dataset(source.split(":", 1)[1], Path(torchvision_root), download)
     elif kind == "listing":
-        records, classes = listing(Path(source))
+        records, classes, skipped = listing(Path(source))
     elif kind == "folder":
-        records, classes = image_folder(Path(source), with_sizes)
+        records, classes, skipped = image_folder(Path(source), with_sizes)
     else:
-        records, classes = tar_shards(source)
-    return unique_keys(records), classes
+        records, classes, skipped = tar_shards(source)
+    return unique_keys(records), classes, skipped
+
+
+def image_format(data: bytes) -> str | None:
+    """The format of an image's first bytes, if it is one a task decodes ("jpg", "png", "webp"), else None: a
+    copied image is checked by its header, as a name's suffix may lie and /proc/self/environ is no image."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpg"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return None

@@ -18,9 +18,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from project.data.paths import class_folders, read_regular, source_files
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 from project.errors import UserError
+from project.shards.index import shard_spec
 from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key, unique_keys
 from project.shards.sources import CONVERTED_SUFFIXES, IMAGE_SUFFIXES, read_record, source_kind
 from project.tasks.image.decode import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS
@@ -70,7 +72,7 @@ def text_bytes(record: Record) -> bytes:
     if record.kind == "inline":
         return record.where[0]
     if record.kind == "file":
-        return Path(record.where[0]).read_bytes()
+        return read_regular(record.where[0])
     return read_record(record)[0]
 
 
@@ -184,15 +186,11 @@ def text_listing(path: Path, text_column: str = "text", label_column: str = "lab
     return records, classes, skipped
 
 
-def _class_folders(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
 def _folder_holds_text(root: Path) -> bool:
-    """Whether the class folders of ROOT hold .txt files and no image."""
+    """Whether the class folders of ROOT hold .txt files and no image (by name: nothing is read)."""
     images = tuple(IMAGE_SUFFIXES) + tuple(CONVERTED_SUFFIXES)
     texts = False
-    for name in _class_folders(root):
+    for name in class_folders(root)[0]:
         for _, _, files in os.walk(root / name):
             for file in files:
                 lower = file.lower()
@@ -203,22 +201,23 @@ def _folder_holds_text(root: Path) -> bool:
 
 
 def text_folder(root: Path) -> Loaded:
-    """ROOT/<class>/<...>/<name>.txt: one class per top-level folder, texts at any depth below it."""
-    classes = _class_folders(root)
+    """ROOT/<class>/<...>/<name>.txt: one class per top-level folder, texts at any depth below it. A link out
+    of ROOT, a FIFO and the like are skipped with a line (`project.data.paths.source_files`), as a bad text is."""
+    classes, skipped = class_folders(root)
     if not classes:
         raise UserError(f"{root} has no class folders: expected ROOT/<class>/<text>.txt")
-    records, skipped = [], []
+    records = []
     for label, name in enumerate(classes):
-        for folder, _, files in sorted(os.walk(root / name)):
-            for file in sorted(f for f in files if f.lower().endswith(".txt")):
-                path = os.path.join(folder, file)
-                with open(path, "rb") as stream:
-                    data = stream.read()
-                problem = text_problem(data)
-                if problem is not None:
-                    skipped.append(f"skipped {path}: {problem}")
-                    continue
-                records.append(Record(sanitize_key(os.path.relpath(path, root)), label, "file", (path,), len(data)))
+        listed = source_files(root / name, (".txt",), base=root)
+        skipped += listed.skipped
+        for file in listed.files:
+            data = read_regular(file.real)
+            problem = text_problem(data)
+            if problem is not None:
+                skipped.append(f"skipped {file.path}: {problem}")
+                continue
+            key = sanitize_key(os.path.relpath(file.path, root))
+            records.append(Record(key, label, "file", (file.real,), len(data)))
     if not records and not skipped:
         raise UserError(f"no .txt files in the class folders of {root}")
     return records, classes, skipped
@@ -227,7 +226,7 @@ def text_folder(root: Path) -> Loaded:
 def _shards_hold_text(spec: str) -> bool:
     """Whether the first samples of the first shard hold .txt members and no image."""
     try:
-        index = resolve_shards(spec, count=lambda url: 0)  # only the first shard's url is needed
+        index = resolve_shards(shard_spec(spec)[0], count=lambda url: 0)  # only the first shard's url is needed
     except UserError:
         return False  # the image source says what is wrong
     wanted = frozenset((TEXT, *IMAGE_EXTENSIONS, *ARRAY_EXTENSIONS))
@@ -263,10 +262,10 @@ def _sample_label(sample: dict, classes: list[str] | None) -> tuple[str | None, 
 def text_shards(spec: str) -> Loaded:
     """Samples of existing text shards (re-shard or re-split them): `.txt` texts, `.cls` labels (integers, or
     names resolved with the shard index's classes when it records them)."""
-    index = resolve_shards(spec)
+    kept, skipped = shard_spec(spec)  # a link out of a shard folder, a FIFO: skipped rows too
+    index = resolve_shards(kept)
     classes = index_classes(index)
     found: list[tuple[str, str, str, int]] = []  # url, key, label text, size
-    skipped = []
     for shard in index.shards:
         for sample in read_samples(shard.url, extensions=frozenset({TEXT, LABEL})):
             where = f"{shard.url} sample {sample['__key__']}"

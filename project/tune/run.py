@@ -34,6 +34,7 @@ from rich.console import Console
 
 from project.cli import ConfigOnlyCLI, print_train_help
 from project.commands import command_parser, parse_tool_arguments
+from project.data.paths import check_output
 from project.errors import UserError, run_main
 from project.redact import redact
 from project.tune.space import (
@@ -130,6 +131,7 @@ def main(args: list[str] | None = None) -> optuna.Study | None:
     name = options.study_name or f"{getattr(logger, 'name', None) or 'study'}-tune"
     folder = save_dir / name
     refuse_existing(options, folder, name)  # first: before anything in the study's folder is read
+    check_output(folder, save_dir)  # a study folder planted as a link out of logs/ is written nowhere
     checked.check_data()  # and the data: a missing split is one line here, for both backends
     options.search = options.search or default_search(config)
     search = load_search(options.search)
