@@ -34,6 +34,7 @@ from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import UserError
 from project.redact import redact
+from project.shown import csv_cell, csv_value, shown
 
 WAITING = "waiting for labels"
 
@@ -177,20 +178,7 @@ class ActiveLoop:
         selected = strategy.select(embeddings)
         if not selected:
             raise UserError(f"the pool has no unlabeled samples left to select (round {number})")
-
-        # the shard as people may see it (redacted), and its number in the pool's index: what a resumed loop
-        # reads back, to take the real url from the pool again
-        number_of = {shard.url: position for position, shard in enumerate(settings.pool.shards)}
-
-        def write(temporary: Path) -> None:
-            with open(temporary, "w", newline="") as stream:
-                writer = csv.writer(stream)
-                writer.writerow(["key", "shard", "score", "shard_number"])
-                writer.writerows(
-                    [item.key, redact(item.url), repr(item.score), number_of[item.url]] for item in selected
-                )
-
-        replace_atomically(path, write)
+        write_selection(path, selected, settings.pool)
         return selected
 
     def read_selection(self, path: Path) -> list[Selected]:
@@ -198,8 +186,9 @@ class ActiveLoop:
         (the file shows it redacted); a pool that changed since is one line."""
         shards = self.settings.pool.shards
         selected = []
-        with open(path, newline="") as stream:
-            for row in csv.DictReader(stream):
+        with open(path, encoding="utf-8", newline="") as stream:
+            for cells in csv.DictReader(stream):
+                row = {name: csv_value(cell) if isinstance(cell, str) else cell for name, cell in cells.items()}
                 number = row.get("shard_number")
                 if number is None:  # written before the column existed: its url is the real one
                     url = row["shard"]
@@ -209,7 +198,7 @@ class ActiveLoop:
                     url = None
                 if url is None or redact(url) != row["shard"]:
                     raise UserError(
-                        f"{path}: shard {row['shard']} of key {row['key']!r} is not where it was in the "
+                        f"{path}: shard {shown(row['shard'])} of key {row['key']!r} is not where it was in the "
                         f"pool ({self.settings.pool_spec!r}): give the same --pool as before"
                     )
                 selected.append(Selected(row["key"], url, float(row["score"])))
@@ -254,6 +243,23 @@ class ActiveLoop:
             "rounds": rows,
         }
         write_json_atomically(self.folder / "state.json", state)
+
+
+def write_selection(path: Path, selected: list[Selected], pool: ShardIndex) -> None:
+    """A round's selection as `read_selection` reads it back: each key with its shard as people may see it
+    (redacted) and its number in the pool's index, which a resumed loop takes the real url from. The keys are
+    a stranger's, in a file a spreadsheet may open: a cell that would be a formula is escaped."""
+    number_of = {shard.url: position for position, shard in enumerate(pool.shards)}
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "w", encoding="utf-8", newline="") as stream:
+            writer = csv.writer(stream)
+            writer.writerow(["key", "shard", "score", "shard_number"])
+            # the score a float (csv writes its repr: exact), so a negative one stays a number, not escaped text
+            rows = ([item.key, redact(item.url), float(item.score), number_of[item.url]] for item in selected)
+            writer.writerows([csv_cell(cell) for cell in row] for row in rows)
+
+    replace_atomically(path, write)
 
 
 def round_shard(number: int) -> str:

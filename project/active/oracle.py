@@ -4,6 +4,9 @@
 line) and, for image samples, FOLDER/to_label.png (a tile per sample captioned `<row>: <key>`). A person fills
 the `label` column with class names or indices; `read_answers` takes back the good rows and says, one line per
 bad row, what is wrong with the others.
+
+Keys and texts are a stranger's, and the file is opened in a spreadsheet: a cell that would start a formula
+(`=`, `+`, `-`, `@`, ...) is written with a leading `'` (project/shown.py), which reading takes off again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from project.active import labeled as labeled_set
 from project.data.atomic import replace_atomically
 from project.errors import UserError
 from project.shards.inspect import TILE, contact_sheet
+from project.shown import csv_cell, csv_value, shown
 from project.tasks.image.decode import decode_image
 
 REQUEST = "to_label.csv"
@@ -65,7 +69,8 @@ def write_request(folder: Path, samples: list[dict], classes: list[str]) -> list
             writer = csv.writer(file)
             writer.writerow(["key", "label", "text"] if with_text else ["key", "label"])
             for sample in samples:
-                writer.writerow([sample["__key__"], "", _preview(sample)] if with_text else [sample["__key__"], ""])
+                row = [sample["__key__"], "", _preview(sample)] if with_text else [sample["__key__"], ""]
+                writer.writerow([csv_cell(cell) for cell in row])
 
     replace_atomically(request, write_csv)
     replace_atomically(
@@ -94,13 +99,13 @@ def _label(text: str, classes: list[str]) -> int | str:
     if len(folded) == 1:
         return folded[0]
     if folded:
-        return f"label {text!r} matches several classes ignoring case: {', '.join(classes[i] for i in folded)}"
+        return f"label {text!r} matches several classes ignoring case: {shown(', '.join(classes[i] for i in folded))}"
     try:
         index = int(text)
     except ValueError:
         more = f", ... ({len(classes)} classes)" if len(classes) > SHOWN_CLASSES else ""
-        shown = ", ".join(classes[:SHOWN_CLASSES]) + more
-        return f"unknown class {text!r}, expected one of {shown}"
+        names = shown(", ".join(classes[:SHOWN_CLASSES])) + more
+        return f"unknown class {text!r}, expected one of {names}"
     if 0 <= index < len(classes):
         return index
     return f"class index {index} out of range, expected 0..{len(classes) - 1}"
@@ -121,13 +126,13 @@ def read_answers(path: Path, asked: list[str], classes: list[str]) -> Answers:
             last = reader.line_num
             for cells in reader:
                 line, last = last + 1, reader.line_num  # the line a (possibly multi-line) row starts on
-                if any(cell.strip() for cell in cells):
-                    key = cells[key_at].strip() if key_at < len(cells) else ""
-                    rows.append((line, key, cells[label_at].strip() if label_at < len(cells) else ""))
+                if any(cell.strip() for cell in cells):  # the quote write_request put before a formula, off
+                    key = csv_value(cells[key_at].strip()) if key_at < len(cells) else ""
+                    rows.append((line, key, csv_value(cells[label_at].strip()) if label_at < len(cells) else ""))
     except FileNotFoundError:
         raise UserError(f"no answers file {path}: fill in the label column of the request and save it there") from None
     except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise UserError(f"cannot read answers file {path}: {error}") from None
+        raise UserError(f"cannot read answers file {path}: {shown(error)}") from None
     lines_of: dict[str, list[int]] = {}
     for line, key, _ in rows:
         lines_of.setdefault(key, []).append(line)
@@ -149,7 +154,7 @@ def read_answers(path: Path, asked: list[str], classes: list[str]) -> Answers:
             else:
                 answers.labels[key] = index
         if problem:
-            answers.problems.append(f"{path.name} line {line}: {problem}")
+            answers.problems.append(shown(f"{path.name} line {line}: {problem}"))  # printed: keys and labels
             bad.add(key)
     answers.unanswered = [key for key in asked if key not in answers.labels and key not in bad]
     return answers
@@ -179,7 +184,9 @@ def get_labels(
         written = write_request(folder, [samples[key] for key, _ in pairs], settings.classes)
         sheet = next((path.name for path in written if path.suffix == ".png"), "its text column")
         print(
-            f"{what}: label the {len(pairs)} samples of {request} (see {sheet}), then run the same command again",
+            shown(
+                f"{what}: label the {len(pairs)} samples of {request} (see {sheet}), then run the same command again"
+            ),
             file=sys.stderr,
         )
         return None
@@ -187,7 +194,7 @@ def get_labels(
     for problem in answers.problems:
         print(problem, file=sys.stderr)
     if not answers.labels:
-        print(f"{what}: {request} has no usable label yet; fill in its label column", file=sys.stderr)
+        print(shown(f"{what}: {request} has no usable label yet; fill in its label column"), file=sys.stderr)
         return None
     if answers.unanswered:
         print(f"{what}: {len(answers.unanswered)} samples left without a label go back to the pool", file=sys.stderr)

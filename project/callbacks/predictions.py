@@ -23,6 +23,7 @@ import lightning as L
 
 from project.data.atomic import replace_atomically, write_atomically, write_json_atomically
 from project.errors import UserError
+from project.shown import shown
 
 FORMATS = (".jsonl", ".parquet")
 PARQUET_ROWS = 10_000  # rows per Parquet row group while merging
@@ -106,7 +107,7 @@ class PredictionWriter(L.Callback):
         self.progress_path, self.plan_now = progress_path, plan
         if self.batches:
             trainer.datamodule.start_split_at("predict", self.batches)
-            print(f"rank {rank}: resuming after {self.batches} batches ({self.rows} rows) in {part}", flush=True)
+            print(f"rank {rank}: resuming after {self.batches} batches ({self.rows} rows) in {shown(part)}", flush=True)
 
     def on_predict_batch_end(
         self,

@@ -12,6 +12,7 @@ from typing import Any
 from project.data.batch import Batch, Skipped
 from project.errors import ShardError
 from project.redact import redact, redact_text
+from project.shown import shown
 
 log = logging.getLogger("project.data")
 
@@ -48,7 +49,8 @@ class SkipLedger:
         if now - self.last_warning >= self.warn_every:
             url, key, reason = skipped[-1]
             more = f" ({self.unwarned - 1} more skipped since the last warning)" if self.unwarned > 1 else ""
-            reason, url = redact_text(reason), redact(url)
+            # a stranger's key, shard name and decoder's message: shown, so no escape code reaches the terminal
+            reason, url, key = shown(redact_text(reason)), shown(redact(url)), shown(key)
             log.warning("skipped unreadable %s sample %s in %s: %s%s", self.stage, key, url, reason, more)
             self.last_warning, self.unwarned = now, 0
         if self.skipped > self.max_fraction * self.planned:
@@ -78,9 +80,12 @@ class SkipAccounting:
             return
         stage = "train" if trainer.training else "val" if (trainer.validating or trainer.sanity_checking) else "test"
         stage = "predict" if trainer.predicting else stage
-        ledger = self._ledgers.get(stage)
+        # the sanity check's batches are read again by the first validation pass: a ledger of its own, or a
+        # sample skipped there would count twice against data.max_skipped_fraction
+        key = "sanity" if trainer.sanity_checking else stage
+        ledger = self._ledgers.get(key)
         if ledger is None or ledger.epoch != trainer.current_epoch:
             planned = sum(shard.nsamples for shard in self.shards(stage)) // trainer.world_size
             ledger = SkipLedger(stage, trainer.current_epoch, planned, self.max_skipped_fraction)
-            self._ledgers[stage] = ledger
+            self._ledgers[key] = ledger
         ledger.record(skipped)

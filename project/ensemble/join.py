@@ -18,6 +18,7 @@ import numpy as np
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from project.errors import UserError
+from project.shown import shown
 
 BATCH = 2048  # rows read before they are merged into the table in one transaction
 SCHEMA = "CREATE TABLE samples (key TEXT PRIMARY KEY, label TEXT, sums BLOB NOT NULL, predicted BLOB NOT NULL)"
@@ -30,14 +31,7 @@ def read_rows(path: Path, advance: Callable[[int], Any] = lambda done: None) -> 
     """(line number, row) of a JSONL or Parquet file; a JSONL line that is not JSON gives None, and one over
     MAX_ROW_BYTES gives TOO_LONG. `advance` is told the bytes (JSONL) or rows (Parquet) read."""
     if path.suffix == ".parquet":
-        number = 0
-        for batch in parquet_file(path).iter_batches(columns=["key", "label", "log_probs"]):
-            for row in batch.to_pylist():
-                number += 1
-                advance(1)
-                if isinstance(row.get("log_probs"), list):  # Parquet's map reads back as (key, value) pairs
-                    row["log_probs"] = dict(row["log_probs"])
-                yield number, row
+        yield from parquet_rows(path, advance)
         return
     with open(path, "rb") as lines:
         number = 0
@@ -54,6 +48,39 @@ def read_rows(path: Path, advance: Callable[[int], Any] = lambda done: None) -> 
                 yield number, json.loads(line)
             except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past the parser
                 yield number, None
+
+
+def parquet_rows(path: Path, advance: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
+    """(row number, row) of a Parquet file. Its footer is read when it opens, its pages only as its batches
+    are: a page that a damaged (or hostile) file holds is found here, and is one line naming the file."""
+    import pyarrow as pa
+
+    batches, number = parquet_file(path).iter_batches(columns=["key", "label", "log_probs"]), 0
+    while True:
+        try:
+            batch = next(batches, None)
+            rows = [] if batch is None else batch.to_pylist()
+        except (pa.ArrowException, OSError, ValueError) as error:  # a page that does not decompress or decode,
+            # or a string that is no UTF-8 (UnicodeDecodeError)
+            reason = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise UserError(f"{path} is damaged: a page after row {number} cannot be read: {shown(reason)}") from None
+        if batch is None:
+            return
+        for row in rows:
+            number += 1
+            advance(1)
+            if isinstance(row.get("log_probs"), list):  # Parquet's map reads back as (key, value) pairs
+                row["log_probs"] = pairs(row["log_probs"])
+            yield number, row
+
+
+def pairs(items: list) -> dict | None:
+    """A map column's (key, value) pairs as a dict; None (no log_probs) for a list of anything else, which a
+    stranger's file may hold in that column."""
+    try:
+        return dict(items)
+    except (TypeError, ValueError):
+        return None
 
 
 def row_values(row: Any, classes: list[str] | None) -> tuple[str, list[str], np.ndarray, str | None] | str:
@@ -97,12 +124,12 @@ class Joined:
         """Merges input `index`'s rows; one that cannot be used is skipped and counted (the first reasons printed)."""
         skipped, reasons, pending = 0, [], []
         with Progress(*progress_columns(path), disable=quiet, transient=True) as progress:
-            task = progress.add_task(path.name, total=size(path))
+            task = progress.add_task(shown(path.name, markup=True), total=size(path))  # rich renders it
             for number, row in read_rows(path, lambda done: progress.advance(task, done)):
                 values = row_values(row, self.classes)
                 if isinstance(values, str) and self.classes is not None and values.startswith("classes "):
                     raise UserError(
-                        f"{path} has other classes than the first input ({values[8:]}, ...): "
+                        f"{path} has other classes than the first input ({shown(values[8:])}, ...): "
                         "are these models of the same task?"
                     )
                 if isinstance(values, str):
@@ -118,7 +145,7 @@ class Joined:
         self.skipped[str(path)] = skipped
         if skipped and not quiet:
             told = "; ".join(f"line {number}: {reason}" for number, reason in sorted(reasons))
-            print(f"{path}: {skipped} rows skipped ({told})", file=sys.stderr)
+            print(shown(f"{path}: {skipped} rows skipped ({told})"), file=sys.stderr)  # class names in reasons
 
     def merge(self, index: int, path: Path, pending: list[tuple[int, tuple]], reasons: list) -> int:
         """Adds a batch of input `index`'s usable rows in one transaction; the count of keys it gave twice."""
@@ -230,7 +257,8 @@ def parquet_file(path: Path) -> Any:
     try:
         opened = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as error:
-        raise UserError(f"{path} cannot be read as Parquet: {str(error).splitlines()[0]}") from None
+        reason = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise UserError(f"{path} cannot be read as Parquet: {shown(reason)}") from None
     missing = {"key", "label", "log_probs"} - set(opened.schema_arrow.names)
     if missing:
         raise UserError(f"{path} has no {', '.join(sorted(missing))} column: predict with --log_probs true")

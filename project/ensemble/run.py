@@ -1,7 +1,9 @@
 """Combine several models' predictions of the same samples: their calibrated log-probabilities, added.
 
-    python -m project.predict --ckpt_path A.ckpt --data.predict data/mytexts/test --out a.jsonl --log_probs true
-    python -m project.predict --ckpt_path B.ckpt --data.predict data/mytexts/test --out b.jsonl --log_probs true
+    python -m project.predict --ckpt_path A.ckpt --data.root data/mytexts --data.predict data/mytexts/test \
+        --out a.jsonl --log_probs true
+    python -m project.predict --ckpt_path B.ckpt --data.root data/mytexts --data.predict data/mytexts/test \
+        --out b.jsonl --log_probs true
     python -m project.ensemble a.jsonl b.jsonl [--out ensemble.jsonl] [--top_k 5]
 
 Each input is `project.predict`'s output (JSONL or Parquet) written with `--log_probs true`: every class's
@@ -32,6 +34,7 @@ from typing import Any
 from project.commands import Spellings, run_command
 from project.ensemble.join import Joined, ensemble_rows, summary
 from project.errors import UserError, run_main
+from project.shown import shown
 
 MODULE = "project.ensemble"
 
@@ -87,12 +90,12 @@ def ensemble(predictions: list[str], out: str | None = None, top_k: int = 5, qui
                 print(f"{result['left_out']} samples are not in every input: left out", file=sys.stderr)
             if out is not None:
                 rows = write_rows(Path(out), ensemble_rows(joined, len(paths), top_k))
-                print(f"wrote {rows} rows to {out}", file=sys.stderr)
+                print(f"wrote {rows} rows to {shown(out)}", file=sys.stderr)
         finally:
             joined.close()
     if "acc" in result:
         for path, accuracy in result["members"].items():
-            print(f"{path}: acc {accuracy:.4f}")
+            print(f"{shown(path)}: acc {accuracy:.4f}")
         print(f"ensemble of {len(paths)}: acc {result['acc']:.4f} on {result['labelled']:,} labelled samples")
     elif out is None:
         print("no sample has a label: give --out to write the combined predictions", file=sys.stderr)

@@ -31,6 +31,7 @@ from project.shards.matching import groups, match
 from project.shards.records import Record
 from project.shards.sources import read_record
 from project.shards.text_sources import text_bytes
+from project.shown import csv_cell
 
 CHUNK = 256  # samples per hashing job
 SPLIT_PRIORITY = ("test", "val", "train")  # a group with samples in fixed splits goes to the first of these
@@ -149,7 +150,7 @@ def report(dedup: Dedup, split_of: dict[str, str], classes: list[str], out: Path
         with open(temporary, "w", newline="") as stream:
             writer = csv.writer(stream)
             writer.writerow(["group", "key", "split", "label", "kept", "match"])
-            writer.writerows(rows)
+            writer.writerows([csv_cell(cell) for cell in row] for row in rows)  # a key may start a formula
 
     replace_atomically(csv_path, write_csv)
     per_split = ", ".join(f"{split} {removed[split]}" for split in ("train", "val", "test"))

@@ -22,8 +22,11 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassConfusionMatrix
 
+from project.callbacks.checkpoint_shape import check_state_names
+from project.callbacks.checkpoint_stage import check_training_state
 from project.callbacks.media import log_image, media_loggers
 from project.errors import UserError
+from project.shown import shown
 from project.tasks.calibration import Temperature, upgrade_checkpoint
 from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
 from project.tasks.weights import check_finite
@@ -140,6 +143,9 @@ class Classifier(L.LightningModule):
         if temperature is not None:
             self.log("val/temperature", temperature, rank_zero_only=True)
 
+    def on_fit_start(self) -> None:
+        check_training_state(self.trainer)  # a resumed fit's optimizer states fit this run's: one line, not torch's
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint whose tensors do not fit this model (a damaged or hostile file, or one
         of other settings): Lightning, evaluate, predict and export call this before loading the state dict, which
@@ -156,6 +162,8 @@ class Classifier(L.LightningModule):
                     f"the checkpoint's {name} is {tuple(value.shape)} and this model's {tuple(own[name].shape)}: "
                     "it was trained with other settings, or the file is damaged"
                 )
+        if self.strict_loading:  # a tensor missing or extra: one line, where torch's strict load lists them all
+            check_state_names(state, own)
         parameters = {name for name, _ in self.named_parameters()}
         check_finite(known.items(), parameters, "the checkpoint's ", "; use an earlier checkpoint")
 
@@ -167,7 +175,9 @@ class Classifier(L.LightningModule):
         if self.hparams.num_classes <= PER_CLASS_SCALARS_UP_TO:
             per_class = matrix.diag() / matrix.sum(1).clamp(min=1)
             for name, value in zip(names, per_class.tolist(), strict=True):
-                self.log(f"test/acc_class/{name}", value, sync_dist=False, rank_zero_only=True)
+                # a stranger's class name, in a metric name that Lightning's test table renders as rich markup:
+                # shown, so `[/circle]` is no tag that stops the table and no escape code reaches the terminal
+                self.log(f"test/acc_class/{shown(name, markup=True)}", value, sync_dist=False, rank_zero_only=True)
         loggers = media_loggers(self)
         if loggers and len(matrix) <= CONFUSION_IMAGE_UP_TO:
             log_image(loggers, "test/confusion_matrix", render_confusion_matrix(matrix, names), 0)

@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from project.shown import shown
+
 CONFUSION_IMAGE_UP_TO = 60  # classes; a larger matrix is unreadable as an image
 
 
@@ -20,6 +22,7 @@ def render_confusion_matrix(matrix: torch.Tensor, names: list[str], cell: int = 
     rows = matrix.sum(1).clamp(min=1)
     share = matrix.float() / rows[:, None]
     font = ImageFont.load_default()
+    names = [shown(name) for name in names]  # a stranger's names: a line break or a control drawn as its escape
     labels = [f"{name[:14]} {100 * share[i, i]:.0f}%" for i, name in enumerate(names)]
     left = 8 + max(int(font.getlength(label)) for label in labels)
     top = 8 + max(int(font.getlength(name[:14])) for name in names)
