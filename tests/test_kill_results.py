@@ -227,6 +227,7 @@ def predict_args(checkpoint: Path) -> list[str]:
     return [
         f"--ckpt_path={checkpoint}",
         f"--data.predict={data}",
+        f"--data.root={data.parent}",
         "--out=preds/rows.jsonl",
         "--data.batch_size=8",
         "--data.num_workers=0",
@@ -289,6 +290,7 @@ def export_args(checkpoint: Path, form: str) -> list[str]:
         "--repeats=1",
         "--batches=1",
         "--data.num_workers=0",
+        f"--data.root={checkpoint.parents[4] / 'demo'}",
     ]
 
 
@@ -408,7 +410,7 @@ def test_tune_killed_at_every_write_leaves_whole_results_and_finishes_with_a_bes
         folder, log = tmp_path / f"{mode}{at}", tmp_path / f"{mode}{at}.log"
         assert_killed(killed("project.tune", args, folder, log, at, mode), log, at)
         check_tuned(folder, reference)
-        again = run_here("project.tune", *args, cwd=folder)
+        again = run_here("project.tune", *args, "--resume=true", cwd=folder)
         assert again.returncode == 0, again.stderr[-3000:]
         check_tuned(folder, reference)
         study = optuna.load_study(study_name="tk", storage=f"sqlite:///{folder / 'logs' / 'tk' / 'study.db'}")
