@@ -123,7 +123,9 @@ def test_evaluation_reports_how_many_samples_it_skipped(corrupt_split, tmp_path)
     trained = run_here("project.train", *args, cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     ckpt = tmp_path / "logs" / "demo" / "version_0" / "checkpoints" / "last.ckpt"
-    result = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={folder}", "--split=test", cwd=tmp_path)
+    # the data and its bounds are the user's to give, never the run folder's
+    evaluate = ("project.evaluate", f"--ckpt_path={ckpt}", f"--data.test={folder}", "--data.max_skipped_fraction=0.5")
+    result = run_here(*evaluate, "--split=test", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     assert metrics["test/skipped"] == 6

@@ -122,7 +122,7 @@ def test_a_checkpoint_url_is_downloaded_to_a_private_folder_and_loaded_as_weight
     (tmp_path / "tmp").mkdir()
     marker = tmp_path / "MARKER"
     hostile_checkpoint(tmp_path / "evil.ckpt", marker)
-    torch.save({"state_dict": {"w": torch.ones(2)}}, tmp_path / "good.ckpt")
+    torch.save({"state_dict": {"w": torch.ones(2)}, "pytorch-lightning_version": "2.0.0"}, tmp_path / "good.ckpt")
     httpd, handler, base = serve(tmp_path)
     try:
         with pytest.raises(UserError, match="refused"):  # Lightning would unpickle it: weights_only=False for URLs
@@ -133,7 +133,7 @@ def test_a_checkpoint_url_is_downloaded_to_a_private_folder_and_loaded_as_weight
     assert torch.equal(loaded["state_dict"]["w"], torch.ones(2)) and not marker.exists()
     folder = private_folder("checkpoints")
     assert folder.is_relative_to(tmp_path / "tmp") and stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert len(list(folder.glob("*.ckpt"))) == 2
+    assert len(list(folder.glob("*.ckpt"))) == 1  # the refused download is not kept
 
 
 def test_a_password_is_sent_to_its_own_origin_only(two_servers):

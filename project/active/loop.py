@@ -136,7 +136,7 @@ class ActiveLoop:
             if not model_needed:
                 return json.loads(done.read_text()), None
             cli = self.round_cli(number, folder)
-            cli.model.load_state_dict(load_checkpoint_file(checkpoint)["state_dict"])
+            load_weights(cli.model, checkpoint)
             return json.loads(done.read_text()), cli
         cli = self.round_cli(number, folder)
         size = cli.datamodule.index("train").nsamples
@@ -144,7 +144,7 @@ class ActiveLoop:
         what = f"{self.strategy}, seed {self.seed}, round {number}"
         warm = self.settings.warm_start and previous.exists()
         if warm:
-            cli.model.load_state_dict(load_checkpoint_file(previous)["state_dict"])
+            load_weights(cli.model, previous)
         start = f" from round {number - 1}'s weights" if warm else ""
         print(f"\n{what}: training on {size} labeled samples{start}", file=sys.stderr)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -274,3 +274,12 @@ def logger_flags(folder: Path) -> list[str]:
         f"{prefix}.name={folder.parent.name}",
         f"{prefix}.version={folder.name}",
     ]
+
+
+def load_weights(model: Any, path: Path) -> None:
+    """A round's checkpoint into `model`, after the model's own checks (shapes, NaN, a missing tensor: one line
+    each), as Lightning and export run them."""
+    checkpoint = load_checkpoint_file(path)
+    if callable(getattr(model, "on_load_checkpoint", None)):
+        model.on_load_checkpoint(checkpoint)
+    model.load_state_dict(checkpoint["state_dict"])

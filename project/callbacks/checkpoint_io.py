@@ -12,11 +12,14 @@ Loading. A checkpoint is a pickle, and unpickling runs whatever code the file na
 http(s) checkpoint with `weights_only=False`, and a local one with torch's default, which
 `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1` or a torch build without weights-only loading turns off. Here every
 load is `weights_only=True` (tensors and plain data only), and a URL is first downloaded to a local file in
-a folder of this user's alone.
+a folder of this user's alone, stopped past its Content-Length and past `LIGHTNING_SHARDS_MAX_CHECKPOINT_GB`
+(a server may send a body that never ends); a download refused then, or refused as a checkpoint, is removed.
+What is loaded is checked for a Lightning checkpoint's structure before Lightning reads it (checkpoint_shape.py).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import sys
@@ -28,7 +31,10 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
+from project.callbacks.checkpoint_shape import checked_contents
+from project.callbacks.checkpoint_stage import check_for_trainer
 from project.data.atomic import write_atomically
+from project.data.bounded import Limit
 from project.data.private import private_folder
 from project.data.remote import NETWORK_ERRORS, cached
 from project.errors import UserError
@@ -36,6 +42,21 @@ from project.redact import redact
 
 DOWNLOADS = "checkpoints"  # the private folder of downloaded checkpoints
 DOWNLOADS_BYTES = 20 * 10**9  # the least recently used downloads go beyond this
+MAX_GB_VARIABLE = "LIGHTNING_SHARDS_MAX_CHECKPOINT_GB"
+MAX_GB = 8.0  # a checkpoint download stops past this: a large model's weights with its optimizer's state fit
+downloaded: set[Path] = set()  # this process's copies of checkpoint URLs: removed when a load refuses one
+
+
+def download_limit() -> Limit:
+    """The most bytes a checkpoint download may bring: `LIGHTNING_SHARDS_MAX_CHECKPOINT_GB` (GB, 10^9 bytes)."""
+    text = os.environ.get(MAX_GB_VARIABLE, "").strip()
+    try:
+        gb = float(text) if text else MAX_GB
+    except ValueError:
+        gb = math.nan
+    if not (0 < gb < math.inf):
+        raise UserError(f"{MAX_GB_VARIABLE} must be a positive number of GB (10^9 bytes), got {text!r}")
+    return Limit(int(gb * 1e9), f"the most {MAX_GB_VARIABLE} allows ({gb:g} GB): set it higher for a larger checkpoint")
 
 
 def is_local(path: str | os.PathLike) -> bool:
@@ -47,19 +68,32 @@ def local_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path") -> Pa
     user's alone (`project.data.private`), the least recently used copies removed past 20 GB."""
     if is_local(path):
         return Path(str(path).removeprefix("file://"))
-    url = str(path)
+    url, limit = str(path), download_limit()
     try:
-        copy = cached(url, private_folder(DOWNLOADS), DOWNLOADS_BYTES)
-    except (*NETWORK_ERRORS, UserError) as error:
+        copy = cached(url, private_folder(DOWNLOADS), DOWNLOADS_BYTES, limit)
+    except (*NETWORK_ERRORS, UserError) as error:  # the download's temporary file is removed (write_atomically)
         raise UserError(f"{option} {redact(url)}: cannot download it: {error}") from None
+    downloaded.add(copy)
     print(f"{option}: {redact(url)} is downloaded to {copy}", file=sys.stderr)
     return copy
 
 
-def load_checkpoint_file(path: str | os.PathLike, option: str = "--ckpt_path", map_location: Any = "cpu") -> Any:
-    """A checkpoint's contents, read with `weights_only=True`: a file that needs anything else to load (a
-    class, a function: code) is refused in one line, never run."""
+def load_checkpoint_file(path: str | os.PathLike, option: str = "--ckpt_path", map_location: Any = "cpu") -> dict:
+    """A checkpoint's contents, read with `weights_only=True` and checked for a Lightning checkpoint's structure
+    (`checked_contents`): a file that needs anything else to load (a class, a function: code) or that is no
+    Lightning checkpoint is refused in one line, never run; a downloaded copy that is refused is removed."""
     local = local_checkpoint(path, option)
+    try:
+        return checked_contents(read_weights(local, path, option, map_location), f"{option} {redact(str(path))}")
+    except UserError:
+        if local in downloaded:  # a refused download leaves nothing cached
+            local.unlink(missing_ok=True)
+            downloaded.discard(local)
+        raise
+
+
+def read_weights(local: Path, path: str | os.PathLike, option: str, map_location: Any) -> Any:
+    """`torch.load(weights_only=True)` of `local` (the file of `path`), its errors one line."""
     try:
         return torch.load(local, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -76,7 +110,12 @@ def load_checkpoint_file(path: str | os.PathLike, option: str = "--ckpt_path", m
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's `TorchCheckpointIO`, saving local checkpoints with `write_atomically` (remote ones, whose
-    stores write an object whole, as Lightning does) and loading every checkpoint with `load_checkpoint_file`."""
+    stores write an object whole, as Lightning does) and loading every checkpoint with `load_checkpoint_file`;
+    given its `strategy`, also checked for what the trainer's stage restores (`check_for_trainer`)."""
+
+    def __init__(self, strategy: Any = None) -> None:
+        super().__init__()
+        self.strategy = strategy
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or not is_local(path):
@@ -94,9 +133,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if weights_only is False:
             raise UserError(f"{redact(str(path))}: loading a checkpoint with weights_only=False could run its code")
         checkpoint = load_checkpoint_file(path, map_location=map_location or "cpu")
-        if not isinstance(checkpoint, dict):
-            kind = type(checkpoint).__name__
-            raise UserError(f"--ckpt_path {redact(str(path))}: not a Lightning checkpoint (a {kind}, not a dict)")
+        module = getattr(self.strategy, "_lightning_module", None)  # the strategy's, as Lightning connected it
+        trainer = getattr(module, "_trainer", None)
+        if trainer is not None:
+            check_for_trainer(checkpoint, trainer, f"--ckpt_path {redact(str(path))}")
         return checkpoint
 
 
@@ -105,9 +145,9 @@ def use_atomic_checkpoints(strategy: Any) -> None:
     inside a wrapper such as `AsyncCheckpointIO`); a checkpoint IO the user configured is kept."""
     io = strategy.checkpoint_io
     if type(io) is TorchCheckpointIO:
-        strategy.checkpoint_io = AtomicCheckpointIO()
+        strategy.checkpoint_io = AtomicCheckpointIO(strategy)
     elif isinstance(io, _WrappingCheckpointIO) and type(io.checkpoint_io) is TorchCheckpointIO:
-        io._checkpoint_io = AtomicCheckpointIO()  # noqa: SLF001 - its setter keeps a base once one is set
+        io._checkpoint_io = AtomicCheckpointIO(strategy)  # noqa: SLF001 - its setter keeps a base once one is set
 
 
 def check_checkpoint(path: str | os.PathLike, option: str = "--ckpt_path") -> None:

@@ -8,6 +8,9 @@ and `shards.write_index` refuses to write one.
 
 A Basic password (`user:token@`) is sent to the url's own origin only: a redirect to another host, port or
 scheme drops it. The cache names a copy by a hash of the whole url, so two urls never share a copy.
+
+A download stops at its bound (bounded.py): a shard at the filesize its index declares (`ShardOpen`), any
+http(s) body at its Content-Length, and what a caller asks; a refused or interrupted one leaves nothing cached.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import IO
 from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 from project.data.atomic import write_atomically
+from project.data.bounded import Bounded, Limit, TooLong, content_length, tighter
 from project.errors import ShardError, UserError
 
 NETWORK_ERRORS = (OSError, HTTPException, urllib.error.URLError)
@@ -98,6 +102,9 @@ class HTTPStream(io.RawIOBase):
         self.position = 0
         self.target, self.auth = without_userinfo(url)
         self.response = self._connect()
+        # the whole body's length as the server declares it: read here, since http.client ignores it beside
+        # chunked transfer encoding, where a lying server may send more
+        self.declared = content_length(self.response.headers.get("Content-Length"))
 
     def _connect(self) -> HTTPResponse:
         headers = {"Range": f"bytes={self.position}-"} if self.position else {}
@@ -182,35 +189,54 @@ class FsspecStream(io.RawIOBase):
         super().close()
 
 
-def _open_remote(url: str) -> IO[bytes]:
+def _open_remote(url: str, limit: Limit | None = None) -> IO[bytes]:
+    """A remote url's bytes; an http(s) or storage body stops a byte past `limit` (or its Content-Length)."""
     scheme = urlparse(url).scheme
     if url.startswith("pipe:"):
-        from webdataset.gopen import gopen  # the user asked for a shell command explicitly
+        from webdataset.gopen import gopen  # the user asked for a shell command explicitly: not bounded
 
         return gopen(url, "rb")
     if scheme in ("http", "https"):
-        return io.BufferedReader(HTTPStream(url), buffer_size=1 << 20)
+        stream = HTTPStream(url)
+        try:
+            limit = tighter(limit, stream.declared)
+        except TooLong:
+            stream.close()
+            raise
+        return io.BufferedReader(stream if limit is None else Bounded(stream, limit), buffer_size=1 << 20)
     try:
         import fsspec
     except ImportError:  # pragma: no cover - fsspec comes with lightning
         raise UserError(f"cannot open {url}: install fsspec (and s3fs for s3://)") from None
     try:
-        return FsspecStream(FsspecStream.call(fsspec.open(url, "rb").open))
+        stream = FsspecStream(FsspecStream.call(fsspec.open(url, "rb").open))
     except ImportError as error:
         raise UserError(
             f"cannot open {url}: {error}; install the filesystem (pip install s3fs for s3://) "
             "or write a pipe: url such as 'pipe:aws s3 cp s3://bucket/shard.tar -'"
         ) from None
+    if limit is None:
+        return stream
+    size = getattr(stream.file, "size", None)
+    if not isinstance(size, int):
+        return io.BufferedReader(Bounded(stream, limit), buffer_size=1 << 20)
+    if size > limit.bytes:  # a stored object's size is known, and reads stop there: checked once
+        stream.close()
+        raise TooLong(f"it holds {size:,} bytes, more than {limit.bytes:,}, {limit.why}")
+    return stream  # seekable, as before: the tar reader seeks over members it skips
 
 
-def open_url(url: str, cache_dir: str | None = None, cache_bytes: int | None = None) -> IO[bytes]:
-    """Open a shard or index for reading; remote ones optionally through a size-bounded local cache."""
+def open_url(
+    url: str, cache_dir: str | None = None, cache_bytes: int | None = None, limit: Limit | None = None
+) -> IO[bytes]:
+    """Open a shard or index for reading; remote ones optionally through a size-bounded local cache, their
+    bodies stopped a byte past `limit`. A local file is read as it is."""
     if not is_remote(url):
         return open(local_path(url), "rb")  # noqa: SIM115
     try:
         if cache_dir is None:
-            return _open_remote(url)
-        return open(cached(url, Path(cache_dir), cache_bytes), "rb")  # noqa: SIM115
+            return _open_remote(url, limit)
+        return open(cached(url, Path(cache_dir), cache_bytes, limit), "rb")  # noqa: SIM115
     except NETWORK_ERRORS as error:
         raise ShardError(f"cannot open {url}: {error}") from None
 
@@ -227,16 +253,17 @@ def cache_name(url: str) -> str:
     return hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()[:40] + suffix
 
 
-def cached(url: str, cache_dir: Path, max_bytes: int | None) -> Path:
-    """The local copy of `url` in `cache_dir`, downloaded once; the least recently used copies are
-    removed to keep the folder under `max_bytes`."""
+def cached(url: str, cache_dir: Path, max_bytes: int | None, limit: Limit | None = None) -> Path:
+    """The local copy of `url` in `cache_dir`, downloaded once, stopped a byte past `limit` (then nothing is
+    kept); the least recently used copies are removed to keep the folder under `max_bytes`."""
     target = cache_dir / cache_name(url)
-    if target.exists():
+    if target.exists() and (limit is None or target.stat().st_size <= limit.bytes):
         os.utime(target)  # mark as recently used
         return target
+    target.unlink(missing_ok=True)  # a copy past the bound (a looser one wrote it): downloaded again, or refused
 
     def download(sink: IO[bytes]) -> None:
-        with _open_remote(url) as source:
+        with _open_remote(url, limit) as source:
             while chunk := source.read(1 << 20):
                 sink.write(chunk)
 

@@ -9,6 +9,7 @@ tools that wrote it beside the shard list (the image task's class names, a demo'
 An index is a stranger's input (docs/DESIGN.md, "Threat model"): `read_index` reads at most MAX_INDEX_BYTES,
 refuses an entry that names a command, a scheme that is no storage or (from a remote index) a local file, and
 checks each count against its file. `write_index` writes atomically and refuses to write a command.
+`ShardOpen` stops a remote shard's download a byte past the filesize its index declares.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 from project.data.atomic import write_atomically
+from project.data.bounded import Limit, TooLong
 from project.data.remote import is_remote, local_path, open_url, scheme_of
 from project.errors import ShardError, UserError
 from project.redact import redact, redact_text
@@ -59,6 +61,24 @@ class ShardIndex:
         return sum(shard.nsamples for shard in self.shards)
 
 
+class ShardOpen:
+    """Opens a stream's shards (`open_url`, through the cache if one is given), a remote one stopped a byte past
+    the filesize its index declares: a server that sends more (a body that never ends, a stale index) stops
+    there in one line naming the shard, where the tar reader would read on through members it skips. Picklable,
+    for the loader's workers; a shard without a declared size is read as it comes."""
+
+    WHY = "the filesize its shard index declares: the index is stale, or the server sends more than the shard"
+
+    def __init__(self, shards: Sequence[Shard], cache_dir: str | None = None, cache_bytes: int | None = None) -> None:
+        self.sizes = {shard.url: shard.filesize for shard in shards if shard.filesize is not None}
+        self.cache_dir, self.cache_bytes = cache_dir, cache_bytes
+
+    def __call__(self, url: str):  # noqa: ANN204 - a binary stream, as open_url's
+        size = self.sizes.get(url)
+        limit = None if size is None or not is_remote(url) else Limit(size, self.WHY)
+        return open_url(url, self.cache_dir, self.cache_bytes, limit)
+
+
 def _resolve_url(url: str, base: str) -> str:
     """Resolve a shard url from an index against the index's own folder (or URL).
 
@@ -85,14 +105,18 @@ def _join(base: str, url: str) -> str:
 
 
 def _read_text(url: str) -> bytes:
-    """The index's bytes, at most MAX_INDEX_BYTES of them: a larger file is refused, not read whole."""
-    with open_url(url) as stream:
-        data = stream.read(MAX_INDEX_BYTES + 1)
+    """The index's bytes, at most MAX_INDEX_BYTES of them: a larger file is refused, not read whole; a server
+    that declares more is refused before a byte comes, one that sends more (no Content-Length, a body that never
+    ends) a byte past the bound."""
+    advice = "split the dataset into several indexes (a data spec takes a list)"
+    too_large = UserError(f"shard index {redact(url)} is larger than {MAX_INDEX_BYTES:,} bytes: {advice}")
+    try:
+        with open_url(url, limit=Limit(MAX_INDEX_BYTES, f"the most a shard index may hold: {advice}")) as stream:
+            data = stream.read(MAX_INDEX_BYTES + 1)  # a local file: the bound is this read's
+    except TooLong:
+        raise too_large from None
     if len(data) > MAX_INDEX_BYTES:
-        raise UserError(
-            f"shard index {redact(url)} is larger than {MAX_INDEX_BYTES:,} bytes: split the dataset "
-            "into several indexes (a data spec takes a list)"
-        )
+        raise too_large
     return data
 
 
