@@ -40,6 +40,18 @@ class DecodeError(ShardError):
         return cls(f"cannot decode sample {sample.get('__key__')!r} in shard {sample.get('__url__')}: {reason}")
 
 
+# what stops a run rather than a sample: Ctrl-C, an exit, a generator being closed
+INTERRUPTS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def is_interrupt(error: BaseException) -> bool:
+    """Whether `error` must end what is running, not just the sample being decoded. Anything else a decoder
+    raises is the sample's, a Rust panic included: pyo3's `PanicException` (a regex in a stranger's
+    tokenizer.json that exhausts its backtracking) derives from `BaseException`, so `except Exception`
+    would let one sample stop a run, and every resumed run meet it again."""
+    return isinstance(error, INTERRUPTS)
+
+
 def check_positive(**values: float) -> None:
     """A `UserError` naming the first data setting that is not positive."""
     for name, value in values.items():

@@ -49,7 +49,7 @@ def refused(url: str, *fragments: str) -> str:
     return line
 
 
-def test_a_checkpoint_url_whose_body_never_ends_stops_at_the_bound_and_leaves_nothing(downloads, monkeypatch):
+def test_a_checkpoint_download_that_never_ends_stops_at_the_bound_leaving_nothing(downloads, monkeypatch):
     monkeypatch.setenv(MAX_GB_VARIABLE, "0.001")  # 1 MB: the default (8 GB) stops it the same way, later
     with Server() as server:
         server.routes["/endless.ckpt"] = endless()

@@ -26,6 +26,7 @@ from project.data.samples import MAX_MEMBER_BYTES, Sample
 from project.data.shard_index import Shard, ShardIndex, shuffled_before_sharding
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
+from project.data.tarreader import MAX_COMPRESSION_RATIO
 from project.data.workers import StartMethod, start_forkserver
 from project.errors import UserError, check_not_negative, check_positive
 from project.redact import redact_hparams, redact_value
@@ -83,6 +84,9 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
             shuffle_buffer of many batches.
         max_member_bytes: a tar member whose header declares more bytes is never read: its sample is
             skipped and counted (a hostile or broken shard cannot make a worker allocate gigabytes).
+        max_compression_ratio: a compressed shard (gzip, bzip2, xz) whose bytes decompress to more than this many
+            times the compressed bytes read is unreadable from there on: its samples are skipped and counted (a
+            decompression bomb costs work in proportion to its size; real shards stay far below it).
     """
 
     # the tar members `decode` reads (lower-case extensions); no other member is ever read into memory
@@ -118,6 +122,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         bucket_by_size: bool = False,
         max_member_bytes: int = MAX_MEMBER_BYTES,
         decode_threads: int = 1,
+        max_compression_ratio: float = MAX_COMPRESSION_RATIO,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -129,6 +134,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
                 f"data.decode_threads: {type(self).__name__} is not thread_safe, so its batches decode one at a time"
             )
         check_positive(cache_gb=cache_gb, max_member_bytes=max_member_bytes, mix_shards=mix_shards)
+        check_positive(max_compression_ratio=max_compression_ratio)
         check_not_negative(num_workers=num_workers, read_ahead_mb=read_ahead_mb)
         if not 0 < fraction <= 1:
             raise UserError(f"data.fraction must be in (0, 1], got {fraction}")
@@ -147,6 +153,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
         self.read_ahead_bytes = int(read_ahead_mb * 1e6)
         self.worker_start, self.bucket_by_size, self.max_member_bytes = worker_start, bucket_by_size, max_member_bytes
+        self.max_compression_ratio = max_compression_ratio
         if num_workers > 0 and worker_start == "forkserver":
             # it imports the stream and this task while the trainer sets up; the first workers need it
             start_forkserver([type(self).__module__])
@@ -233,6 +240,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
             read_ahead_bytes=self.read_ahead_bytes,
             bucket_by_size=self.bucket_by_size and split == "train",
             max_member_bytes=self.max_member_bytes,
+            max_compression_ratio=self.max_compression_ratio,
             mix_shards=self.mix_shards or (1 if shuffled_before_sharding(self.index(split)) else MIX_SHARDS),
             decode_threads=self.decode_threads,
         )

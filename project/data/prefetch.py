@@ -45,15 +45,15 @@ class ReadAhead(io.RawIOBase):
         self.buffered = 0
         self.opened = self.finished = self.stopped = False
         self.counted = True  # in its opener's `fetching`: until its fetch ends or its reader closes it
-        self.open_error: Exception | None = None  # raised by `wait_opened`, where opening would have raised
-        self.read_error: Exception | None = None  # raised by a read once the bytes before it are consumed
+        self.open_error: BaseException | None = None  # raised by `wait_opened`, where opening would have raised
+        self.read_error: BaseException | None = None  # raised by a read once the bytes before it are consumed
         threading.Thread(target=self._fetch, name="shard-read-ahead", daemon=True).start()
 
     def _fetch(self) -> None:
         try:
             stream = self.opener.open_stream(self.url)
-        except Exception as error:  # noqa: BLE001 - handed to the reader as it is
-            self._finish(open_error=error)
+        except BaseException as error:  # noqa: BLE001 - handed to the reader as it is, a Rust panic too: a thread
+            self._finish(open_error=error)  # that ended without a word would leave its reader waiting for ever
             return
         with self.condition:
             self.opened = True
@@ -67,11 +67,11 @@ class ReadAhead(io.RawIOBase):
                         self.chunks.append(memoryview(chunk))
                         self.buffered += len(chunk)
                         self.condition.notify_all()
-        except Exception as error:  # noqa: BLE001
+        except BaseException as error:  # noqa: BLE001 - as above
             failure = error
         try:
             stream.close()
-        except Exception as error:  # noqa: BLE001 - a pipe: command's exit status
+        except BaseException as error:  # noqa: BLE001 - a pipe: command's exit status
             failure = failure or error
         self._finish(read_error=failure)
 
@@ -81,7 +81,7 @@ class ReadAhead(io.RawIOBase):
             self.condition.wait_for(lambda: self.stopped or self.opener.has_room(self))
             return not self.stopped
 
-    def _finish(self, open_error: Exception | None = None, read_error: Exception | None = None) -> None:
+    def _finish(self, open_error: BaseException | None = None, read_error: BaseException | None = None) -> None:
         with self.condition:
             self.open_error, self.read_error = open_error, read_error
             self.opened = self.finished = True

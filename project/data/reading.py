@@ -12,6 +12,7 @@ from project.data.parts import Mix, Part, Segment
 from project.data.prefetch import Opener, ShardOpener
 from project.data.samples import Sample, read_samples
 from project.data.shard_index import Shard
+from project.data.tarreader import MAX_COMPRESSION_RATIO
 from project.errors import ShardError
 
 
@@ -30,7 +31,8 @@ class Missing:
 class PartReader:
     """Reads parts of a worker's plan over `shards`: only the `extensions` a task decodes, through `open_stream`,
     with `read_ahead_bytes` of remote shards fetched ahead (shared by the lanes); a member over `max_member_bytes`
-    unread; an unreadable shard's samples `Missing` with `skip_corrupt`, else its `ShardError` raised."""
+    unread; a compressed shard stopped past `max_ratio` bytes out per byte in; an unreadable shard's samples
+    `Missing` with `skip_corrupt`, else its `ShardError` raised."""
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class PartReader:
         read_ahead_bytes: int,
         max_member_bytes: int | None,
         skip_corrupt: bool,
+        max_ratio: float | None = MAX_COMPRESSION_RATIO,
     ) -> None:
         self.shards, self.extensions, self.open_stream = shards, extensions, open_stream
         self.read_ahead_bytes, self.max_member_bytes, self.skip_corrupt = (
@@ -48,6 +51,7 @@ class PartReader:
             max_member_bytes,
             skip_corrupt,
         )
+        self.max_ratio = max_ratio
 
     def read(self, parts: Sequence[Part]) -> Iterator[Sample | Missing]:
         """Each part's samples in order, the next remote shard of each lane fetched while one is read.
@@ -94,7 +98,7 @@ class PartReader:
         seen, reason = 0, ""
         try:
             for sample in read_samples(
-                shard.url, segment.start, segment.stop, extensions, opener, self.max_member_bytes
+                shard.url, segment.start, segment.stop, extensions, opener, self.max_member_bytes, self.max_ratio
             ):
                 seen += 1
                 yield sample

@@ -18,7 +18,7 @@ from typing import IO
 from webdataset.tariterators import base_plus_ext
 
 from project.data.remote import open_url
-from project.data.tarreader import MemberRead, tar_members
+from project.data.tarreader import MAX_COMPRESSION_RATIO, MemberRead, tar_members
 from project.errors import ShardError
 
 READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError)
@@ -36,6 +36,7 @@ def read_samples(
     extensions: frozenset[str] | None = None,
     open_stream: Callable[[str], IO[bytes]] = open_url,
     max_member_bytes: int | None = MAX_MEMBER_BYTES,
+    max_ratio: float | None = MAX_COMPRESSION_RATIO,
 ) -> Iterator[Sample]:
     """Samples [start, stop) of one shard, as {"__key__", "__url__", ext: bytes}.
 
@@ -47,6 +48,8 @@ def read_samples(
         open_stream: opens `url` as a byte stream.
         max_member_bytes: a member declaring more bytes is left unread, and its sample gets `REFUSED`
             (None: no bound).
+        max_ratio: a compressed shard stops (a `ShardError`) past this many bytes decompressed per compressed
+            byte read (None: no bound).
     """
     try:
         stream = open_stream(url)
@@ -54,7 +57,7 @@ def read_samples(
         raise ShardError(f"cannot open shard {url}: {error.strerror or error}") from None
     last_key, position, current = None, -1, None
     try:
-        for name, read in _members(stream, url):
+        for name, read in _members(stream, url, max_ratio):
             key, extension = base_plus_ext(name)
             if key is None:
                 continue
@@ -85,10 +88,10 @@ def read_samples(
         stream.close()
 
 
-def _members(stream: IO[bytes], url: str) -> Iterator[tuple[str, MemberRead]]:
+def _members(stream: IO[bytes], url: str, max_ratio: float | None) -> Iterator[tuple[str, MemberRead]]:
     """(name, read) for each regular member, in tar order; `read` must be called before moving on."""
     try:
-        for name, read in tar_members(stream):
+        for name, read in tar_members(stream, max_ratio):
             if not META_MEMBER.match(name):
                 yield name, read
     except READ_ERRORS as error:

@@ -32,10 +32,10 @@ from project.data.plan import (
 )
 from project.data.prefetch import READ_AHEAD_BYTES
 from project.data.reading import Missing, PartReader
-from project.data.remote import open_url
 from project.data.samples import MAX_MEMBER_BYTES, REFUSED, Sample
-from project.data.shard_index import Shard
-from project.errors import DecodeError, ShardError
+from project.data.shard_index import Shard, ShardOpen
+from project.data.tarreader import MAX_COMPRESSION_RATIO
+from project.errors import DecodeError, ShardError, is_interrupt
 
 STAGES = ("train", "val", "test", "predict")
 
@@ -112,6 +112,8 @@ class ShardStream(IterableDataset):
         bucket_by_size: training batches of samples of similar encoded size, from within the shuffle
             buffer (see `shuffled`): less padding for texts of varied lengths.
         max_member_bytes: a sample with a member that declares more bytes is skipped, that member unread.
+        max_compression_ratio: a compressed shard stops, as an unreadable shard, past this many bytes decompressed
+            per compressed byte read (a decompression bomb).
         read_ahead_bytes: bytes of remote shards fetched ahead of the reader in the plan's order, the next
             shard requested while one is read (see prefetch.py); 0: each opened when it is read.
         mix_shards: training reads the epoch's shards in groups of up to this many, interleaved sample by
@@ -139,6 +141,7 @@ class ShardStream(IterableDataset):
         read_ahead_bytes: int = READ_AHEAD_BYTES,
         mix_shards: int = 1,
         decode_threads: int = 1,
+        max_compression_ratio: float | None = MAX_COMPRESSION_RATIO,
     ) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
@@ -153,7 +156,8 @@ class ShardStream(IterableDataset):
         self.bucket_by_size = bucket_by_size
         self.max_member_bytes, self.read_ahead_bytes = max_member_bytes, read_ahead_bytes
         self.mix_shards, self.decode_threads = mix_shards, decode_threads
-        self.open_stream = functools.partial(open_url, cache_dir=cache_dir, cache_bytes=cache_bytes)
+        self.max_compression_ratio = max_compression_ratio
+        self.open_stream = ShardOpen(self.shards, cache_dir, cache_bytes)  # a remote shard stops past its filesize
         self.epoch = 0
         self.world_size, self.rank = 1, 0
         self.batches_done = 0
@@ -250,7 +254,9 @@ class ShardStream(IterableDataset):
                 if REFUSED in sample:
                     raise DecodeError.of(sample, sample[REFUSED])
                 examples.append(self.task.decode(sample, self.stage))
-            except Exception as error:  # noqa: BLE001 - a stranger's sample may break decode in any way
+            except BaseException as error:  # noqa: BLE001 - a stranger's sample may break decode in any way
+                if is_interrupt(error):  # a Rust panic (a BaseException) is the sample's; Ctrl-C is not
+                    raise
                 if not isinstance(error, DecodeError):  # a TypeError of a .json, a MemoryError of a .npy
                     error = DecodeError.of(sample, f"{type(error).__name__}: {error}")
                 if not self.skip_corrupt:
@@ -275,7 +281,9 @@ class ShardStream(IterableDataset):
 
     def _encoded(self, parts: Sequence[Part]) -> Iterator[Sample | Missing]:
         """Each part's samples in order (see `PartReader`)."""
-        limits = dict(max_member_bytes=self.max_member_bytes, skip_corrupt=self.skip_corrupt)
+        limits = dict(
+            max_member_bytes=self.max_member_bytes, skip_corrupt=self.skip_corrupt, max_ratio=self.max_compression_ratio
+        )
         reader = PartReader(
             self.shards, self.task.extensions, self.open_stream, read_ahead_bytes=self.read_ahead_bytes, **limits
         )

@@ -3,34 +3,31 @@
 tarfile's stream mode parses every field of every header, about 30 us a member: more than half the
 cost of decoding a 32 px JPEG, so the loader ran at half its decode speed. Here a plain ustar, GNU or
 pax header costs about 4 us (name, size, type and checksum only). Compressed tars (gzip, bzip2, xz) are
-decompressed as a stream and read by the same parser. Errors are `tarfile.ReadError`s, as tarfile's own
-would be.
+decompressed as a stream, at most a bounded ratio of bytes out per byte in (decompress.py), and read by the
+same parser. Errors are `tarfile.ReadError`s, as tarfile's own would be.
 
 Hostile headers cannot make it allocate: each member's `read` knows its declared `size` before reading
 (the caller refuses oversized members unread), long-name and pax headers are bounded, and data is read in
 chunks, so a header that declares gigabytes over a short file costs only the bytes really there. Nor can
-they make it spin: skipping a compressed member reads (in chunks) only the bytes really there, and every
+they make it spin: skipping a compressed member reads (in chunks) only the bytes really there, never more
+than the decompression bound (a declared size is not trusted for a skip's cost), and every
 pax record moves the parser on. (tarfile's stream mode reads a pax or long-name header whole, however
 large its gzip bomb, and skips a member that declares 2**80 bytes in 10 kB steps, for ever.)
 """
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import io
-import lzma
 import tarfile
 import zlib
 from collections.abc import Iterator
 from typing import IO, Protocol
 
+from project.data.decompress import DECOMPRESSORS, MAX_COMPRESSION_RATIO, sniffed
+
+__all__ = ["DECOMPRESSORS", "MAX_COMPRESSION_RATIO", "Member", "MemberRead", "tar_members"]
+
 BLOCK = 512
-DECOMPRESSORS = {  # by magic number
-    b"\x1f\x8b": lambda stream: gzip.GzipFile(fileobj=stream, mode="rb"),
-    b"BZh": bz2.BZ2File,
-    b"\xfd7zXZ\x00": lzma.LZMAFile,
-}
 REGULAR_TYPES = (b"0", b"\x00", b"7")
 MAX_HEADER_BYTES = 1 << 20  # a GNU long name or a pax header: real ones are a few hundred bytes
 CHUNK = 1 << 24  # reads above this go in chunks: memory follows the bytes that exist, not a declared size
@@ -45,19 +42,15 @@ class MemberRead(Protocol):
     def __call__(self) -> bytes: ...
 
 
-def tar_members(stream: IO[bytes]) -> Iterator[Member]:
+def tar_members(stream: IO[bytes], max_ratio: float | None = MAX_COMPRESSION_RATIO) -> Iterator[Member]:
     """(name, read) for each regular file member, in tar order.
 
     `read.size` is the member's declared size. `read()` returns the member's bytes and must be called
     before the next member is asked for; members whose `read` is not called are skipped (seeked over when
-    the stream can seek).
+    the stream can seek, else read through). A compressed stream stops past `max_ratio` bytes decompressed
+    per compressed byte read (decompress.py), a member's bytes, skipped or read, counted alike.
     """
-    first = stream.read(BLOCK)
-    for magic, decompressor in DECOMPRESSORS.items():
-        if first.startswith(magic):
-            stream = _Decompressed(decompressor(_Prepended(first, stream)))
-            first = stream.read(BLOCK)
-            break
+    stream, first = sniffed(stream, BLOCK, max_ratio)
     if not first:
         raise tarfile.ReadError("empty file")
     yield from _plain_members(stream, first)
@@ -214,43 +207,3 @@ def _check_not_past_end(stream: IO[bytes]) -> None:
 def _seekable(stream: IO[bytes]) -> bool:
     seekable = getattr(stream, "seekable", None)  # webdataset's Pipe (pipe: urls) has no seekable()
     return bool(seekable and seekable())
-
-
-class _Decompressed:
-    """A decompressed stream, read forward only (a skip reads through), whose errors are `ReadError`s."""
-
-    __slots__ = ("file",)
-    ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)  # bad or truncated data, in each format
-
-    def __init__(self, file: IO[bytes]) -> None:
-        self.file = file
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            return self.file.read(size)
-        except self.ERRORS as error:
-            if isinstance(error, OSError) and error.errno is not None:
-                raise  # the stream's own error (a disk, a network), not the data's
-            raise tarfile.ReadError(f"invalid compressed data: {error}") from None
-
-    def seekable(self) -> bool:
-        return False
-
-
-class _Prepended(io.RawIOBase):
-    """A stream that first returns `head`, then the rest of `stream` (the bytes sniffed for the format)."""
-
-    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
-        self.head, self.stream = head, stream
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        if not self.head:
-            return self.stream.read(size)
-        if size < 0:
-            head, self.head = self.head, b""
-            return head + self.stream.read()
-        head, self.head = self.head[:size], self.head[size:]
-        return head if len(head) == size else head + self.stream.read(size - len(head))

@@ -24,7 +24,7 @@ from torchvision.ops import roi_align
 from torchvision.transforms import v2
 
 from project.data.batch import Skipped
-from project.errors import DecodeError
+from project.errors import DecodeError, is_interrupt
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch
 from project.tasks.image.decode import MAX_IMAGE_PIXELS, decode_image
 from project.tasks.image.transforms import Preset, to_uint8_tensor, training_transform
@@ -119,18 +119,22 @@ def decode_on_device(
     tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in encoded]
     try:
         return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)), {}
-    except RuntimeError:
-        pass  # one bad JPEG fails the whole call: find it
+    except BaseException as error:  # noqa: BLE001 - one bad JPEG fails the whole call, however it fails: find it
+        if is_interrupt(error):
+            raise
     images, failures = [], {}
     for position, (data, tensor) in enumerate(zip(encoded, tensors, strict=True)):
         try:
             images.append(decode_jpeg(tensor, mode=ImageReadMode.RGB, device=device))
             continue
-        except RuntimeError:
-            pass
+        except BaseException as error:  # noqa: BLE001 - PIL below is the judge of this one's bytes
+            if is_interrupt(error):
+                raise
         try:
             images.append(to_uint8_tensor(decode_image(data, max_pixels=max_pixels)).to(device))
-        except Exception as error:  # noqa: BLE001 - PIL raises many kinds for hostile bytes: a skipped sample
+        except BaseException as error:  # noqa: BLE001 - hostile bytes may break PIL in any way: a skipped sample
+            if is_interrupt(error):
+                raise
             images.append(None)
             failures[position] = f"cannot decode the JPEG on {device} nor with PIL: {error}"
     return images, failures

@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from project.errors import UserError
+from project.errors import UserError, is_interrupt
 
 
 def count_documents(
@@ -31,7 +31,12 @@ def count_documents(
         for number, read in enumerate(data.read_texts("train")):
             progress.advance(task)
             if read is not None and number % parts == index:
-                ids = np.unique(encoder.encode(read[0]).ids)
+                try:
+                    ids = np.unique(encoder.encode(read[0]).ids)
+                except BaseException as error:  # noqa: BLE001 - a text that breaks the tokenizer (a Rust panic)
+                    if is_interrupt(error):
+                        raise
+                    continue  # training skips it too (stream.py): it is not counted
                 frequencies[(ids, read[1]) if by_class else ids] += 1
                 texts += 1
     return frequencies, texts
