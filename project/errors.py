@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from project.redact import redact_text
+from project.shown import shown
 
 
 class UserError(Exception):
@@ -23,7 +24,7 @@ class UserError(Exception):
 
     def __init__(self, *args: object) -> None:
         if len(args) == 1 and isinstance(args[0], str) and "\nOriginal Traceback" not in args[0]:
-            args = (args[0].replace("\r", "\\r").replace("\n", "\\n"),)  # torch's re-raise from a worker is kept whole
+            args = (shown(args[0]),)  # every control character escaped; torch's re-raise from a worker is kept whole
         super().__init__(*args)
 
 
@@ -130,5 +131,5 @@ def run_main(main: Callable[[], object]) -> None:
         if found is None:
             print(redact_text("".join(traceback.format_exception(error))), end="", file=sys.stderr)
             raise SystemExit(1) from None
-        print(f"error: {redact_text(one_line(found))}", file=sys.stderr)
+        print(f"error: {shown(redact_text(one_line(found)))}", file=sys.stderr)  # a name from data, as text
         raise SystemExit(2) from None

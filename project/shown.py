@@ -6,12 +6,12 @@ reads as another), a line break forges a line of output, and rich markup (`[/cir
 with a traceback. In a CSV cell, text that starts with `=`, `+`, `-` or `@` is a formula to a spreadsheet
 (OWASP "CSV injection"), which can fetch URLs or run commands when the file is opened.
 
-`shown(text)` is what a terminal gets: each control character (C0, DEL, C1), line or paragraph separator and
-bidi control as a Python-style escape (`\\x1b`, `\\n`, `\\u202e`), so the line stays one line and every
-character stays visible; `markup=True` escapes rich markup too, for text that rich renders (a table cell, a
-progress bar's description, a metric name in Lightning's table). `csv_cell` and `csv_value` are a CSV
-cell's way there and back: a leading quote (OWASP's advice) on what a spreadsheet would run, taken off
-exactly when the project reads its own file back.
+`shown(text)` is what a terminal gets: each control character (C0, DEL, C1), line or paragraph separator,
+bidi control and lone surrogate (a file name's byte that is no UTF-8) as a Python-style escape (`\\x1b`,
+`\\n`, `\\u202e`, `\\udcff`), so the line stays one line and every character stays visible; `markup=True`
+escapes rich markup too, for text that rich renders (a table cell, a progress bar's description, a metric name
+in Lightning's table). `csv_cell` and `csv_value` are a CSV cell's way there and back: a leading quote (OWASP's
+advice) on what a spreadsheet would run, taken off exactly when the project reads its own file back.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import re
 from rich.markup import escape
 
 # C0 (tab and line breaks included), DEL and C1 controls; U+061C, U+200E-F: bidi marks; U+2028-9: line and
-# paragraph separators (splitlines() breaks there); U+202A-E, U+2066-9: bidi embeddings, overrides, isolates
-UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# paragraph separators (splitlines() breaks there); U+202A-E, U+2066-9: bidi embeddings, overrides, isolates;
+# U+D800-DFFF: lone surrogates, a file name's bytes that are no UTF-8 (`\udc9b` is a raw 0x9b, the 8-bit CSI,
+# where stdout writes them back as bytes, and a UnicodeEncodeError where it is strict)
+UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 # what starts a formula in Excel, LibreOffice or Google Sheets (OWASP), and the quote that marks our escape
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
 QUOTE = "'"

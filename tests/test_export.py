@@ -70,8 +70,9 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def export(run: Path, out: Path, *args: str) -> dict:
-    ckpt = run / "checkpoints" / "best.ckpt"
-    return main([f"--ckpt_path={ckpt}", f"--out={out}", "--data.num_workers=0", "--repeats=5", *args])
+    """project.export of the run's best checkpoint, checked on the run's own data (`trained_run`'s data/)."""
+    ckpt, data = run / "checkpoints" / "best.ckpt", f"--data.root={run.parents[2] / 'data'}"
+    return main([f"--ckpt_path={ckpt}", f"--out={out}", data, "--data.num_workers=0", "--repeats=5", *args])
 
 
 def by_name(report: dict) -> dict[str, dict]:

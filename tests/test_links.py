@@ -272,3 +272,143 @@ def test_export_into_a_run_folder_whose_export_is_a_link_is_one_line(tmp_path, c
     assert err.startswith("error: refusing to write") and f"{planted_at} is a link out of {run.resolve()}" in err
     assert sorted(p.name for p in theirs.iterdir()) == ["model.onnx"]
     assert (theirs / "model.onnx").read_bytes() == b"their model"
+
+
+def test_predicts_parts_planted_as_links_out_of_its_out_folder_are_refused(tmp_path):
+    """`<out>.parts/rank-R.jsonl` was opened with a plain open(..., "wb"): a `.parts` folder or a part planted as
+    a link out of --out's folder (a stranger's dataset folder) truncated and wrote the file it names."""
+    from types import SimpleNamespace
+
+    from project.callbacks.predictions import PredictionWriter
+
+    out, elsewhere = tmp_path / "theirs", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "rank-0.jsonl").write_text("theirs")
+    (elsewhere / "bashrc").write_text("mine")
+    (out / "a.jsonl.parts").symlink_to(elsewhere)
+    (out / "b.jsonl.parts").mkdir()
+    (out / "b.jsonl.parts" / "rank-0.jsonl").symlink_to(elsewhere / "bashrc")
+    data = SimpleNamespace(shards=lambda stage: [], num_workers=0, batch_size=4)
+    trainer = SimpleNamespace(global_rank=0, world_size=1, datamodule=data)
+    for name, link in (("a.jsonl", "a.jsonl.parts"), ("b.jsonl", "rank-0.jsonl")):
+        with pytest.raises(UserError, match=f"{link} is a link out of {out}"):
+            PredictionWriter(out / name, ["x", "y"]).setup(trainer, None, "predict")
+    assert (elsewhere / "rank-0.jsonl").read_text() == "theirs" and (elsewhere / "bashrc").read_text() == "mine"
+    PredictionWriter(out / "c.jsonl", ["x", "y"]).setup(trainer, None, "predict")  # a plain folder: as before
+    assert (out / "c.jsonl.parts" / "rank-0.jsonl").is_file()
+
+
+def test_an_out_that_names_a_file_is_one_line(tmp_path, planted):
+    """--out naming an existing file (or a folder below one) was a FileExistsError's traceback from every
+    writer's mkdir: prepare, index, inspect's sheet, ensemble, export, predict's parts."""
+    from project.export.run import output_folder
+
+    from .conftest import run_here
+
+    taken, shard = tmp_path / "taken", tmp_path / "shards" / "train-000000.tar"
+    taken.write_text("a file")
+    shard.parent.mkdir()
+    with tarfile.open(shard, "w") as tar:
+        for member, data in (("s0.png", png(1)), ("s0.cls", b"0")):
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    for module, *flags in (
+        ("project.shards.prepare", str(planted["source"]), f"--out={taken}", "--dedup=off"),
+        ("project.shards.index", str(shard.parent), f"--out={taken / 'sub' / 'shardindex.json'}"),
+    ):
+        result = run_here(module, *flags, cwd=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1].startswith(f"error: cannot make the folder {taken}")
+    with pytest.raises(UserError, match=f"cannot make the folder {taken}: a file is in the way"):
+        output_folder(taken, None)
+    with pytest.raises(UserError, match="a file is in the way"):
+        write_text_atomically(taken / "report.json", "{}")
+    assert taken.read_text() == "a file"
+
+
+def test_a_shard_replaced_by_a_fifo_after_the_listing_never_blocks_resharding(tmp_path):
+    """prepare re-sharding a folder of shards opened each listed shard with a plain open(): a FIFO put in a
+    shard's place since the listing blocked it for ever. Now its samples are refused, and counted."""
+    from project.shards.sources import read_record
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for number in range(2):
+        with tarfile.open(shards / f"train-{number:06d}.tar", "w") as tar:
+            for member, data in ((f"s{number}.png", png(number)), (f"s{number}.cls", b"0")):
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    records, _, skipped = load_images(str(shards))
+    assert len(records) == 2 and not skipped
+    (shards / "train-000001.tar").unlink()
+    os.mkfifo(shards / "train-000001.tar")
+    assert read_record(records[0]) == (png(0), "png")
+    with pytest.raises(UserError, match="is a FIFO, not a regular file"):  # the shard's sample: skipped, counted
+        read_record(records[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux's /proc/self/fd says where a file is open")
+def test_a_folder_replaced_by_a_link_after_the_listing_leads_nowhere(tmp_path):
+    """O_NOFOLLOW guards a path's last part only: a folder on the way to a listed file, replaced by a link since
+    the listing, led the read to a file of the same name anywhere, and a text there into a shard."""
+    import shutil
+
+    from project.shards.text_sources import load_text, text_bytes
+
+    source, secret = tmp_path / "texts", tmp_path / "home"
+    for folder in (source / "pos" / "sub", source / "neg", secret):
+        folder.mkdir(parents=True)
+    (source / "pos" / "sub" / "notes.txt").write_text("a positive text")
+    (source / "neg" / "a.txt").write_text("a negative text")
+    (secret / "notes.txt").write_text(f"token {secrets.token_hex(8)}")
+    (tmp_path / "linked").symlink_to(source)  # the root the user names may be a link: still read
+    records, _, skipped = load_text(str(tmp_path / "linked"))
+    assert [text_bytes(record) for record in records] == [b"a negative text", b"a positive text"] and not skipped
+    shutil.rmtree(source / "pos" / "sub")
+    (source / "pos" / "sub").symlink_to(secret)
+    assert text_bytes(records[0]) == b"a negative text"
+    with pytest.raises(OSError, match="no longer where it was listed"):
+        text_bytes(records[1])
+
+
+def test_active_learning_refuses_a_round_or_a_labeled_file_planted_as_a_link_out(tmp_path):
+    """A run or labeled folder copied from someone may hold `round_0 -> elsewhere` (the round's checkpoints,
+    to_label.csv, selected.csv went there) or a broken `tokenizer.json -> elsewhere/new` (copyfile made it)."""
+    from types import SimpleNamespace
+
+    from project.active import labeled as labeled_set
+    from project.active.loop import ActiveLoop
+    from project.data.shard_index import Shard, ShardIndex
+
+    run, elsewhere = tmp_path / "run" / "random" / "seed_0", tmp_path / "elsewhere"
+    run.mkdir(parents=True)
+    elsewhere.mkdir()
+    (run / "round_0").symlink_to(elsewhere)
+    loop = ActiveLoop("random", 0, SimpleNamespace(rounds=1), run, tmp_path / "labeled")
+    with pytest.raises(UserError, match="round_0 is a link out of"):
+        loop.run()
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "tokenizer.json").write_text("{}")
+    labeled = tmp_path / "labeled"
+    labeled.mkdir()
+    (labeled / "tokenizer.json").symlink_to(elsewhere / "new.json")
+    with pytest.raises(UserError, match="tokenizer.json is a link out of"):
+        labeled_set.start(labeled, None, ShardIndex([Shard(str(pool / "pool-000000.tar"), 1)]))
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_predicts_plain_folder_skips_a_name_that_is_no_utf8(tmp_path, capsys):
+    """A file name with bytes that are no UTF-8 made predict's packing a traceback (the listing's hash, then the
+    rows' keys, are text): it is skipped and counted as the other entries a folder cannot give are."""
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a text")
+    with open(os.fsencode(folder) + b"/b\xff.txt", "wb") as stream:
+        stream.write(b"another text")
+    packed = Path(pack_folder(str(folder), frozenset({"txt"}), cache=str(tmp_path / "cache")))
+    assert sorted(members(packed)) == ["a%2Etxt.txt"]
+    assert "1 files skipped" in capsys.readouterr().err

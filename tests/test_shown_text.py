@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import struct
 import tarfile
@@ -252,3 +253,107 @@ def test_duplicates_csv_escapes_keys_and_labels_that_start_a_formula(tmp_path):
     assert len(rows) == 4, rows  # the header, and a group of three copies
     assert not [cell for cell in cells if cell.startswith(("=", "+", "-", "@"))], cells
     assert {csv_value(row[3]) for row in rows[1:]} == {"=SUM(1+1)"}, rows  # written as "'=SUM(1+1)", read back
+
+
+def test_names_no_utf8_and_escapes_in_a_strangers_files_reach_the_terminal_escaped(tmp_path):
+    """A shard folder's FIFO named with bytes that are no UTF-8 (0x9b: the 8-bit CSI; Python holds it as the
+    lone surrogate \\udc9b, which a strict stdout refused with a traceback and a lenient one wrote back raw), a
+    folder whose only shard is a FIFO named with an escape, a text listing whose header holds one: `index`
+    lists the name escaped, and each one-line error names the entry or the column escaped."""
+    from project.data.paths import check_output
+    from project.errors import UserError
+
+    from .conftest import jpeg
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    with tarfile.open(shards / "good.tar", "w") as tar:
+        for name, data in [("s0.jpg", jpeg(1)), ("s0.cls", b"0")]:
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    os.mkfifo(os.fsencode(shards) + b"/bad\xff\x9b31m.tar")
+    result = run_here("project.shards.index", str(shards), f"--out={tmp_path / 'index.json'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bad\\udcff\\udc9b31m.tar: a FIFO" in result.stdout and "\udc9b" not in result.stdout
+
+    only = tmp_path / "only"
+    only.mkdir()
+    os.mkfifo(only / "x\x1b]0;pwned\x07.tar")
+    for module in ("project.shards.prepare", "project.shards.index"):
+        result = run_here(module, str(only), f"--out={tmp_path / 'out' / 'index.json'}", cwd=tmp_path)
+        assert_one_line_error(result, "x\\x1b]0;pwned\\x07.tar")
+        assert RAW.search(result.stderr) is None, result.stderr
+
+    listing = tmp_path / "texts.csv"
+    listing.write_text("te\x1b[2Jxt\u202e,label\nhello,a\n")
+    for flags in ([], ["--text=true"]):
+        result = run_here("project.shards.prepare", str(listing), f"--out={tmp_path / 'out'}", *flags, cwd=tmp_path)
+        assert_one_line_error(result, "te\\x1b[2Jxt\\u202e")
+        assert RAW.search(result.stderr) is None, result.stderr
+
+    (tmp_path / "out").mkdir(exist_ok=True)
+    (tmp_path / "out" / "model\x1b[2J.onnx").symlink_to(tmp_path / "texts.csv")  # a link out, planted in a run
+    with pytest.raises(UserError) as error:
+        check_output(tmp_path / "out" / "model\x1b[2J.onnx", tmp_path / "out")
+    assert RAW.search(str(error.value)) is None and "model\\x1b[2J.onnx is a link out of" in str(error.value)
+
+
+def test_ensemble_skips_rows_whose_keys_labels_or_class_names_are_no_text(tmp_path):
+    """JSON's `\\udcff` makes a key or label no UTF-8 file or SQLite table holds (a traceback from the join); a
+    Parquet map's keys may be numbers, bytes or times (a traceback comparing or writing them); a column named
+    with bytes that are no UTF-8 broke pyarrow's footer: each row is skipped and counted, the file one line."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    lines = prediction_lines(["a", "b"], 4)
+    first.write_bytes(b"".join(lines))
+    rows = [json.loads(line) for line in lines]
+    rows[1]["key"], rows[2]["label"] = "\udcff", "\ud800"  # written by json.dumps as \udcff, \ud800
+    second.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "ensemble.jsonl"
+    result = run_here("project.ensemble", str(first), str(second), f"--out={out}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 rows skipped (line 2: not a row with a key; line 3: a label that is not UTF-8)" in result.stderr
+    assert [json.loads(line)["key"] for line in out.read_text().splitlines()] == ["sample-00000", "sample-00003"]
+
+    log_probs = [math.log(0.6), math.log(0.4)]
+    for name, type_, classes in [("int", pa.int64(), [0, 1]), ("bytes", pa.binary(), [b"a", b"b"])]:
+        table = pa.table(
+            {
+                "key": [f"sample-{i:05d}" for i in range(4)],
+                "label": ["a", "b", "a", "b"],
+                "log_probs": pa.array(
+                    [list(zip(classes, log_probs, strict=True))] * 4, type=pa.map_(type_, pa.float64())
+                ),
+            }
+        )
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+        result = run_here("project.ensemble", str(first), str(tmp_path / f"{name}.parquet"), cwd=tmp_path)
+        assert_one_line_error(result, "no sample is in every input")
+        assert "4 rows skipped (line 1: log_probs whose classes are not names;" in result.stderr
+
+    named = tmp_path / "named.parquet"
+    table = pa.table(
+        {"key": ["k0"], "label": ["a"], "log_probs": pa.array([[("a", 0.0)]], pa.map_(pa.string(), pa.float64()))}
+    )
+    pq.write_table(table.append_column("xq_col", pa.array([1])), named, store_schema=False)
+    named.write_bytes(named.read_bytes().replace(b"xq_col", b"\xadq_col"))  # the footer's column name, no UTF-8
+    result = run_here("project.ensemble", str(first), str(named), cwd=tmp_path)
+    assert_one_line_error(result, str(named), "cannot be read as Parquet")
+
+
+def test_oracle_keys_that_start_or_end_with_a_space_read_back_exactly(tmp_path):
+    """A sample key is a stranger's: " lead", "trail " and " " were stripped when read back, and their answers
+    refused as keys never asked for; a key a spreadsheet padded with spaces is still found."""
+    keys = [" lead", "trail ", " ", "'", "'=x", "plain"]
+    request = write_request(tmp_path, [{"__key__": key, "txt": b"a text"} for key in keys], ["neg", "pos"])[0]
+    with open(request, encoding="utf-8", newline="") as file:
+        rows = list(csv.reader(file))
+    for row in rows[1:]:
+        row[1] = "pos"
+    rows[-1][0] = "  plain "
+    with open(request, "w", encoding="utf-8", newline="") as file:
+        csv.writer(file).writerows(rows)
+    answers = read_answers(request, keys, ["neg", "pos"])
+    assert answers.problems == [] and answers.labels == dict.fromkeys(keys, 1)

@@ -68,7 +68,7 @@ def start(folder: Path, seed_set: ShardIndex | None, pool: ShardIndex) -> None:
     pool_folder = pool_index_folder(pool)
     for name in COMPANION_FILES:
         if pool_folder is not None and (pool_folder / name).exists() and not (folder / name).exists():
-            shutil.copyfile(pool_folder / name, folder / name)
+            shutil.copyfile(pool_folder / name, check_output(folder / name, folder))  # not through a broken link out
     extra = {**pool.extra, **(seed_set.extra if seed_set else {})}
     write_index(folder / INDEX_NAME, seed_set.shards if seed_set else [], name=folder.name, extra=extra)
 

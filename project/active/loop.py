@@ -29,6 +29,7 @@ from project.active.strategies import Selected, Strategy, make_strategy
 from project.callbacks.checkpoint_io import load_checkpoint_file
 from project.data.atomic import replace_atomically, write_json_atomically
 from project.data.loader import EpochLoader
+from project.data.paths import check_output
 from project.data.shard_index import INDEX_NAME, ShardIndex
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
@@ -87,6 +88,7 @@ class ActiveLoop:
         rows: list[dict] = []
         for number in range(self.settings.rounds + 1):
             folder = self.folder / f"round_{number}"
+            check_output(folder / "checkpoints" / "last.ckpt", self.folder)  # a round planted as a link out of it
             folder.mkdir(parents=True, exist_ok=True)
             selecting = number < self.settings.rounds and not labeled_set.round_is_listed(
                 self.labeled, round_shard(number + 1)

@@ -116,6 +116,7 @@ def read_answers(path: Path, asked: list[str], classes: list[str]) -> Answers:
     indices. Bad rows each get one line in `problems` and no label; both rows of a repeated key are bad."""
     path = Path(path)
     rows: list[tuple[int, str, str]] = []  # (line, key, label) of the non-blank rows
+    wanted = set(asked)
     try:
         with open(path, encoding="utf-8-sig", newline="") as file:
             reader = csv.reader(file)
@@ -127,7 +128,8 @@ def read_answers(path: Path, asked: list[str], classes: list[str]) -> Answers:
             for cells in reader:
                 line, last = last + 1, reader.line_num  # the line a (possibly multi-line) row starts on
                 if any(cell.strip() for cell in cells):  # the quote write_request put before a formula, off
-                    key = csv_value(cells[key_at].strip()) if key_at < len(cells) else ""
+                    key = csv_value(cells[key_at]) if key_at < len(cells) else ""
+                    key = key if key in wanted else csv_value(key.strip())  # a key may start or end with a space
                     rows.append((line, key, csv_value(cells[label_at].strip()) if label_at < len(cells) else ""))
     except FileNotFoundError:
         raise UserError(f"no answers file {path}: fill in the label column of the request and save it there") from None
@@ -136,7 +138,7 @@ def read_answers(path: Path, asked: list[str], classes: list[str]) -> Answers:
     lines_of: dict[str, list[int]] = {}
     for line, key, _ in rows:
         lines_of.setdefault(key, []).append(line)
-    wanted, bad = set(asked), set()
+    bad: set[str] = set()
     answers = Answers()
     for line, key, label in rows:
         problem = None

@@ -229,12 +229,16 @@ def loops(options: SimpleNamespace, overrides: list[str]) -> list[dict]:
         start: ShardIndex | None = given
         if given is None:
             folder = options.labeled if single else options.labeled / "initial" / f"seed_{seed}"
+            check_output(folder / INDEX_NAME, options.labeled)  # a folder planted as a link out of --labeled
+            check_output(run / "initial" / f"seed_{seed}" / "to_label.csv", run)  # or out of the run folder
             if not seed_set(folder, seed, initial, settings, run, label_members):
                 waiting.append(f"seed set of seed {seed}")
                 continue
             start = read_index(str(folder / INDEX_NAME))
         for strategy in strategies:
             labeled = options.labeled if single else options.labeled / strategy / f"seed_{seed}"
+            check_output(labeled / INDEX_NAME, options.labeled)
+            check_output(run / strategy / f"seed_{seed}" / "state.json", run)
             labeled_set.start(labeled, start, settings.pool)
             loop_rows, status = ActiveLoop(strategy, seed, settings, run / strategy / f"seed_{seed}", labeled).run()
             rows += loop_rows

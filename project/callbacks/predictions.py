@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import lightning as L
 
+from project.data import paths
 from project.data.atomic import replace_atomically, write_atomically, write_json_atomically
 from project.errors import UserError
 from project.shown import shown
@@ -94,8 +95,10 @@ class PredictionWriter(L.Callback):
         if stage != "predict":
             return
         rank = trainer.global_rank
-        self.parts.mkdir(parents=True, exist_ok=True)
         part, progress_path = self.parts / f"rank-{rank}.jsonl", self.parts / f"rank-{rank}.json"
+        for path in (part, progress_path):  # `<out>.parts` or a part planted as a link out of --out's folder
+            paths.check_output(path, self.out.parent)
+        paths.make_folder(self.parts)
         plan = self.plan(trainer)
         progress = json.loads(progress_path.read_text()) if progress_path.exists() else {}
         resumable = progress.get("plan") == plan and part.exists() and part.stat().st_size >= progress["bytes"]

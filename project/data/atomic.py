@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from project.data.paths import check_output
+from project.data.paths import check_output, make_folder
 from project.data.workers import process_alive
 
 PARTIAL = ".partial"  # in the temporary's name: see `_temporary`
@@ -39,8 +39,7 @@ def write_atomically(
     `path`: a reader (or a run started after a kill) sees the old file or the new one, whole. `root`: the
     output folder `path` is in (see the module's docstring)."""
     path = check_output(Path(str(path).removeprefix("file://")), root)  # before a folder is made through a link
-    folder = path.parent
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_folder(path.parent)  # one line where a file is in its place
     remove_stale_partials(folder)
     temporary = _temporary(path)
     # os.open: the umask applies (0666 & ~umask), as for any file; mkstemp would make it private (0600)
@@ -64,7 +63,7 @@ def replace_atomically(
     """`write_atomically` for writers that need a path: `write(temporary)`, where the temporary keeps the
     suffix (PIL, matplotlib and ONNX pick the format from it); removed if the write fails."""
     path = check_output(path, root)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     remove_stale_partials(path.parent)
     temporary = _temporary(path, keep_suffix=True)
     try:

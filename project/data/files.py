@@ -44,10 +44,23 @@ def is_plain_folder(spec: object) -> bool:
 
 def listing(folder: Path, suffixes: frozenset[str]) -> Listed:
     """The regular files under `folder` whose suffix is one of `suffixes`, sorted by relative path (hidden ones
-    out), and a line for each entry skipped: a link out of the folder, a FIFO, a device (`source_files`)."""
+    out), and a line for each entry skipped: a link out of the folder, a FIFO, a device (`source_files`), a
+    name that is no UTF-8 (a sample key and a row of predictions are text)."""
     listed = source_files(folder, tuple(f".{suffix}" for suffix in suffixes), hidden=False)
+    unnamed = [file for file in listed.files if not _utf8(file.path)]
+    if unnamed:
+        listed.skipped += [f"skipped {file.path}: its name is not UTF-8" for file in unnamed]
+        listed.files = [file for file in listed.files if _utf8(file.path)]
     listed.files.sort(key=lambda file: Path(file.path).relative_to(folder).as_posix())
     return listed
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # os.fsdecode's lone surrogates, for bytes that are no UTF-8
+        return False
+    return True
 
 
 def pack_key(relative: str) -> str:
@@ -93,9 +106,9 @@ def pack_folder(folder: str, suffixes: frozenset[str], cache: str | None = None)
         ]
         write_index(building / INDEX_NAME, shards, name=source.name, extra={PACKED_KEY: str(source)})
         os.rename(building, target)  # atomic; fails if another process packed it first, which is as good
-    except OSError:
+    except OSError as error:  # a file replaced since the listing (a FIFO, a link), or another rank's rename
         if not (target / INDEX_NAME).exists():
-            raise
+            raise UserError(f"cannot pack {folder}: {shown(error)}") from None
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return str(target)

@@ -29,6 +29,7 @@ from typing import BinaryIO
 import braceexpand
 
 from project.errors import UserError
+from project.shown import shown
 
 _KINDS = {
     stat.S_IFDIR: "a folder",
@@ -59,7 +60,7 @@ class SourceFile:
     """A regular file of a source: where it was found, what to read, and its size when asked for."""
 
     path: str  # the root joined with its path below the root: keys and lines name it
-    real: str  # what to read: `path` itself, or the regular file inside the root that its link names
+    real: str  # what to read, links resolved: `path`'s own file, or the regular file inside the root its link names
     size: int = 0
 
 
@@ -85,12 +86,13 @@ def source_files(
     with `sizes`. Links to folders are counted whatever their name (a real folder there would be walked)."""
     base = base if base is not None else root
     real_base = os.path.realpath(base)
+    top = (os.fspath(root), os.path.realpath(root))
     listed = Listed()
-    for _, entries in _folders(os.fspath(root), recursive, hidden):
+    for _, entries in _folders(top[0], recursive, hidden):
         for entry in sorted(entries, key=lambda e: e.name):
             if hidden or not entry.name.startswith("."):
                 wanted = suffixes is None or entry.name.lower().endswith(suffixes)
-                found = _entry(entry, wanted, recursive, sizes, (str(base), real_base))
+                found = _entry(entry, wanted, recursive, sizes, (str(base), real_base), top)
                 if isinstance(found, SourceFile):
                     listed.files.append(found)
                 elif found is not None:
@@ -99,10 +101,11 @@ def source_files(
 
 
 def _entry(
-    entry: os.DirEntry, wanted: bool, recursive: bool, sizes: bool, base: tuple[str, str]
+    entry: os.DirEntry, wanted: bool, recursive: bool, sizes: bool, base: tuple[str, str], top: tuple[str, str]
 ) -> SourceFile | str | None:
     """A folder entry as a file to read, why it is skipped, or None where it is no candidate (a name not wanted,
-    a real folder, which a recursive walk goes into)."""
+    a real folder, which a recursive walk goes into). `top`: the folder walked, and its real path: a file found
+    through real folders only lies at the real path plus its path below `top`, which `open_regular` checks."""
     if entry.is_symlink():
         real = os.path.realpath(entry.path)
         try:
@@ -123,7 +126,8 @@ def _entry(
     if not wanted:
         return None
     if entry.is_file(follow_symlinks=False):  # scandir's file type: no stat on Linux
-        return SourceFile(entry.path, entry.path, entry.stat(follow_symlinks=False).st_size if sizes else 0)
+        real = os.path.join(top[1], entry.path[len(top[0]) :].lstrip(os.sep))
+        return SourceFile(entry.path, real, entry.stat(follow_symlinks=False).st_size if sizes else 0)
     return f"{kind(entry.stat(follow_symlinks=False).st_mode)}, not a regular file"
 
 
@@ -158,21 +162,39 @@ def class_folders(root: str | os.PathLike) -> tuple[list[str], list[str]]:
     return names, skipped
 
 
-def open_regular(path: str | os.PathLike) -> BinaryIO:
-    """`path` opened for reading if it is a regular file; an OSError otherwise. The kind is checked before the
-    open (opening a device may act) and again on the descriptor: a FIFO or a link put in its place after it was
-    listed is refused, never waited on (O_NONBLOCK, O_NOFOLLOW)."""
-    mode = os.lstat(path).st_mode
+def open_regular(path: str | os.PathLike, follow_links: bool = False) -> BinaryIO:
+    """`path` (its links resolved, as `SourceFile.real` is) opened for reading if it is a regular file; an
+    OSError otherwise. The kind is checked before the open (opening a device may act) and again on the
+    descriptor: a FIFO or a link put in its place after it was listed is refused, never waited on (O_NONBLOCK,
+    O_NOFOLLOW), and so is a file that a folder on its way, replaced by a link since, puts elsewhere (Linux).
+    `follow_links`: a link to a regular file is read (a shard that a folder or glob listed by its link's name,
+    inside it); a FIFO still never blocks."""
+    mode = (os.stat if follow_links else os.lstat)(path).st_mode
     if not stat.S_ISREG(mode):
         raise OSError(f"{path} is {kind(mode)}, not a regular file")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    nofollow = 0 if follow_links else getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | nofollow | getattr(os, "O_BINARY", 0)
     descriptor = os.open(path, flags)
     stream = os.fdopen(descriptor, "rb")  # closes the descriptor when closed
     mode = os.fstat(descriptor).st_mode
     if not stat.S_ISREG(mode):
         stream.close()
         raise OSError(f"{path} is {kind(mode)}, not a regular file")
+    if not follow_links and _opened_elsewhere(descriptor, path):
+        stream.close()
+        raise OSError(f"{path} is no longer where it was listed: a folder on its way was replaced (by a link?)")
     return stream
+
+
+def _opened_elsewhere(descriptor: int, path: str | os.PathLike) -> bool:
+    """Whether the file open at `descriptor` is not at `path` (as listed: links resolved). O_NOFOLLOW guards the
+    last part of a path only: a folder on its way replaced by a link since the listing leads anywhere. Linux
+    says where an open file is (/proc/self/fd); elsewhere this is not checked."""
+    try:
+        opened = os.readlink(f"/proc/self/fd/{descriptor}")
+    except OSError:
+        return False
+    return opened != os.path.abspath(path)
 
 
 def read_regular(path: str | os.PathLike) -> bytes:
@@ -225,8 +247,21 @@ def check_output(path: str | os.PathLike, root: str | os.PathLike | None = None)
     if within(os.path.realpath(path), real_root):
         return path
     link = _first_link_out(path, root, real_root)
-    why = f"{link} is a link out of {root}" if link is not None else f"it is outside {root}"
-    raise UserError(f"refusing to write {path}: {why}")
+    why = f"{shown(link)} is a link out of {root}" if link is not None else f"it is outside {root}"
+    raise UserError(f"refusing to write {shown(path)}: {why}")  # a name from a stranger's folder
+
+
+def make_folder(folder: str | os.PathLike) -> Path:
+    """`folder`, made with its parents where missing; a `UserError` naming it where it cannot be (a file in
+    its place: `--out` naming an existing file; no permission), never a traceback."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        placed = isinstance(error, FileExistsError | NotADirectoryError)  # a file where a folder is needed
+        why = "a file is in the way" if placed else error.strerror or error
+        raise UserError(f"cannot make the folder {shown(folder)}: {why}") from None
+    return folder
 
 
 def _first_link_out(path: Path, root: Path, real_root: str) -> Path | None:

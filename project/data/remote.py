@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 from project.data.atomic import write_atomically
 from project.data.bounded import Bounded, Limit, TooLong, content_length, tighter
+from project.data.paths import open_regular
 from project.errors import ShardError, UserError
 
 NETWORK_ERRORS = (OSError, HTTPException, urllib.error.URLError)
@@ -231,8 +232,8 @@ def open_url(
 ) -> IO[bytes]:
     """Open a shard or index for reading; remote ones optionally through a size-bounded local cache, their
     bodies stopped a byte past `limit`. A local file is read as it is."""
-    if not is_remote(url):
-        return open(local_path(url), "rb")  # noqa: SIM115
+    if not is_remote(url):  # a FIFO put at a shard's path after it was listed is refused, never waited on
+        return open_regular(local_path(url), follow_links=True)
     try:
         if cache_dir is None:
             return _open_remote(url, limit)

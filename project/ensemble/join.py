@@ -87,11 +87,13 @@ def row_values(row: Any, classes: list[str] | None) -> tuple[str, list[str], np.
     """(key, class names, log-probabilities, label) of a row, or why it cannot be used."""
     if row is TOO_LONG:
         return f"a row over {MAX_ROW_BYTES >> 20} MiB"
-    if not isinstance(row, dict) or not isinstance(row.get("key"), str):
+    if not isinstance(row, dict) or not is_text(row.get("key")):
         return "not a row with a key"
     given = row.get("log_probs")
     if not isinstance(given, dict) or not given:
         return "no log_probs"
+    if not all(map(is_text, given)):  # a Parquet map's keys may be numbers, bytes or times
+        return "log_probs whose classes are not names"
     names = list(given) if classes is None else classes
     if classes is not None and (len(given) != len(classes) or any(name not in given for name in classes)):
         return "classes " + ", ".join(sorted(set(given) ^ set(classes))[:3])
@@ -102,7 +104,21 @@ def row_values(row: Any, classes: list[str] | None) -> tuple[str, list[str], np.
     if not np.isfinite(values).all() or values.max() > 1e-3 or not 0.99 < np.exp(values).sum() < 1.01:
         return "log_probs that are not a distribution's"
     label = row.get("label")
+    if isinstance(label, str) and not is_text(label):
+        return "a label that is not UTF-8"
     return row["key"], names, values, label if isinstance(label, str) else None
+
+
+def is_text(value: object) -> bool:
+    """A string that SQLite and the output can hold: JSON's `\\udcff` escapes make strings with lone
+    surrogates, which no UTF-8 file or table can."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Joined:
@@ -256,7 +272,7 @@ def parquet_file(path: Path) -> Any:
 
     try:
         opened = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as error:
+    except (pa.ArrowException, OSError, ValueError) as error:  # ValueError: a column's name that is no UTF-8
         reason = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise UserError(f"{path} cannot be read as Parquet: {shown(reason)}") from None
     missing = {"key", "label", "log_probs"} - set(opened.schema_arrow.names)

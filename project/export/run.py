@@ -48,7 +48,7 @@ from project.callbacks.checkpoint_io import is_local, load_checkpoint_file, loca
 from project.cli import ProjectCLI, print_train_help
 from project.commands import Spellings, command_parser, parse_tool_arguments
 from project.data.atomic import replace_atomically, write_json_atomically
-from project.data.paths import check_output
+from project.data.paths import check_output, make_folder
 from project.errors import UserError, run_main
 from project.export.checks import build_variants, inputs, measure, report_table, split_batches
 from project.export.formats import (
@@ -209,8 +209,7 @@ def output_folder(out: Path | None, run: Path | None) -> Path:
     check_output(out, root)
     for existing in out.glob("model*") if out.is_dir() else ():  # large ONNX models are written in place
         check_output(existing, out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    return make_folder(out)  # one line where --out names a file
 
 
 def main(args: list[str] | None = None) -> dict:

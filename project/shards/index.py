@@ -125,7 +125,7 @@ def build_index(
         if skipped is not None:
             skipped += left_out
         if not paths:
-            more = f" ({len(left_out)} skipped; the first: {left_out[0]})" if left_out else ""
+            more = f" ({len(left_out)} skipped; the first: {shown(left_out[0])})" if left_out else ""  # a file's name
             raise UserError(f"no shards match {spec}{more}")
         for path in paths:
             report = scan_shard(path, verify_images)
@@ -168,7 +168,7 @@ def shard_spec(spec: str) -> tuple[str | list[str], list[str]]:
     if paths is None or not skipped:
         return spec, skipped
     if not paths:
-        raise UserError(f"no shards in {spec}: {len(skipped)} skipped, the first: {skipped[0]}")
+        raise UserError(f"no shards in {spec}: {len(skipped)} skipped, the first: {shown(skipped[0])}")
     return paths, skipped
 
 

@@ -11,11 +11,11 @@ import functools
 import io
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from project.data.paths import class_folders, read_regular, source_files
+from project.data.paths import class_folders, open_regular, read_regular, source_files
 from project.data.private import private_folder
-from project.data.remote import cached, is_remote
+from project.data.remote import cached, is_remote, local_path, open_url
 from project.data.samples import READ_ERRORS, read_samples
 from project.data.specs import resolve_shards
 from project.data.tarreader import DECOMPRESSORS, tar_members
@@ -23,6 +23,7 @@ from project.errors import UserError
 from project.shards.index import shard_spec
 from project.shards.listings import listing
 from project.shards.records import Record, labels_to_classes, sanitize_key, unique_keys
+from project.shown import shown
 from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_label, label_text, open_image
 from project.tasks.labels import index_classes
 
@@ -96,7 +97,7 @@ def tar_shards(spec: str) -> tuple[list[Record], list[str], list[str]]:
     known = index_classes(index)
     found: list[tuple[str, str, str, str, int]] = []  # url, key, image member, label text, size
     for shard in index.shards:
-        for sample in read_samples(shard.url, extensions=WANTED_EXTENSIONS):
+        for sample in read_samples(shard.url, extensions=WANTED_EXTENSIONS, open_stream=open_shard):
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if extension is None:
                 continue
@@ -131,14 +132,14 @@ def read_record(record: Record) -> tuple[bytes, str]:
         offsets = _member_offsets(url) if os.path.isfile(url) and not url.endswith((".gz", ".tgz")) else None
         if offsets is not None and (key, extension) in offsets:
             start, size = offsets[(key, extension)]
-            with open(url, "rb") as stream:
+            with open_shard(url) as stream:
                 stream.seek(start)
                 return stream.read(size), extension
         # compressed or remote: read through (slow)
-        for sample in read_samples(url, extensions=frozenset({extension})):
+        for sample in read_samples(url, extensions=frozenset({extension}), open_stream=open_shard):
             if sample["__key__"] == key:
                 return sample[extension], extension
-        raise UserError(f"{key} disappeared from {url}")
+        raise UserError(f"{shown(key)} disappeared from {url}")  # a key from a stranger's shard
     name, root, train, index = record.where
     return encode(_open_torchvision(name, root, train)[index][0], "png"), "png"
 
@@ -152,7 +153,7 @@ def _member_offsets(url: str) -> dict[tuple[str, str], tuple[int, int]]:
     from webdataset.tariterators import base_plus_ext
 
     offsets = {}
-    with open(url, "rb") as stream:
+    with open_shard(url) as stream:
         if any(stream.read(8).startswith(magic) for magic in DECOMPRESSORS):
             return offsets  # compressed: no offsets into it; read_record reads it through
         stream.seek(0)
@@ -162,7 +163,7 @@ def _member_offsets(url: str) -> dict[tuple[str, str], tuple[int, int]]:
                 if key is not None:
                     offsets[(key, extension.lower())] = (stream.tell(), read.size)  # at the member's data
         except READ_ERRORS as error:
-            raise UserError(f"cannot read shard {url}: {error}") from None
+            raise UserError(f"cannot read shard {url}: {shown(error)}") from None
     return offsets
 
 
@@ -230,6 +231,12 @@ def load_images(
     else:
         records, classes, skipped = tar_shards(source)
     return unique_keys(records), classes, skipped
+
+
+def open_shard(url: str) -> IO[bytes]:
+    """A source shard opened for reading: a local one as a regular file (`open_regular`, links followed: a
+    FIFO put in a listed shard's place never blocks), a remote one as `open_url` opens it."""
+    return open_url(url) if is_remote(url) else open_regular(local_path(url), follow_links=True)
 
 
 def image_format(data: bytes) -> str | None:

@@ -24,7 +24,8 @@ from project.data.specs import resolve_shards
 from project.errors import UserError
 from project.shards.index import shard_spec
 from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key, unique_keys
-from project.shards.sources import CONVERTED_SUFFIXES, IMAGE_SUFFIXES, read_record, source_kind
+from project.shards.sources import CONVERTED_SUFFIXES, IMAGE_SUFFIXES, open_shard, read_record, source_kind
+from project.shown import shown
 from project.tasks.image.decode import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS
 from project.tasks.labels import UnknownLabel, index_classes, label_index
 
@@ -45,7 +46,7 @@ def is_text(source: str, text_column: str = "text") -> bool:
         if columns and "path" not in columns and text_column not in columns:
             raise UserError(
                 f"{path} has no 'path' column (images) and no {text_column!r} column (text) "
-                f"(found: {', '.join(columns)}); set --text-column"
+                f"(found: {shown(', '.join(columns))}); set --text-column"  # a stranger's header
             )
         return text_column in columns and "path" not in columns
     if kind == "folder":
@@ -150,7 +151,7 @@ def text_listing(path: Path, text_column: str = "text", label_column: str = "lab
     columns = listing_columns(path)
     for column, option in ((text_column, "--text-column"), (label_column, "--label-column")):
         if column not in columns:
-            found = ", ".join(columns) if columns else "no columns"
+            found = shown(", ".join(columns)) if columns else "no columns"  # a stranger's header
             raise UserError(f"{path} has no {column!r} column (found: {found}); set {option}")
     csv_file = path.suffix.lower() == ".csv"
     unit = "row" if csv_file else "line"
@@ -231,7 +232,7 @@ def _shards_hold_text(spec: str) -> bool:
         return False  # the image source says what is wrong
     wanted = frozenset((TEXT, *IMAGE_EXTENSIONS, *ARRAY_EXTENSIONS))
     texts = False
-    for sample in read_samples(index.shards[0].url, stop=PEEK_SAMPLES, extensions=wanted):
+    for sample in read_samples(index.shards[0].url, stop=PEEK_SAMPLES, extensions=wanted, open_stream=open_shard):
         if any(extension in sample for extension in IMAGE_EXTENSIONS + ARRAY_EXTENSIONS):
             return False
         texts = texts or TEXT in sample
@@ -267,7 +268,7 @@ def text_shards(spec: str) -> Loaded:
     classes = index_classes(index)
     found: list[tuple[str, str, str, int]] = []  # url, key, label text, size
     for shard in index.shards:
-        for sample in read_samples(shard.url, extensions=frozenset({TEXT, LABEL})):
+        for sample in read_samples(shard.url, extensions=frozenset({TEXT, LABEL}), open_stream=open_shard):
             where = f"{shard.url} sample {sample['__key__']}"
             problem = text_problem(sample[TEXT]) if TEXT in sample else "no .txt member"
             label, label_problem = _sample_label(sample, classes)
