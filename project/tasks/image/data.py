@@ -28,12 +28,12 @@ from project.tasks.image.decode import (
     MAX_IMAGE_PIXELS,
     WANTED_EXTENSIONS,
     check_pixels,
+    check_resized,
     decode_sample,
     jpeg_size,
     optional_label,
     sample_label,
 )
-from project.tasks.image.demo import demo_is_complete, make_demo
 from project.tasks.image.device_decode import DeviceDecoder
 from project.tasks.image.transforms import Preset, build_transform, described, pixels, training_transform, transform_all
 from project.tasks.labels import ClassNames
@@ -152,7 +152,12 @@ class ImageShards(ClassNames, ShardDataModule):
         """The sample's label and its whole decoded image (at a reduced JPEG scale where training allows)."""
         size = self.decode_sizes.get(stage, self.image_size)
         image, label = decode_sample(sample, size, self.classes, stage != "predict", self.max_image_pixels)
-        return ImageExample(label, pixels(image))
+        example = ImageExample(label, pixels(image))
+        try:  # a sliver of an image would grow past the pixel bound in the transform's Resize
+            check_resized(*example.pixels.shape[-2:], self.image_size, self.max_image_pixels)
+        except ValueError as error:
+            raise DecodeError.of(sample, error) from None
+        return example
 
     def train_crop(self, example: ImageExample) -> ImageExample:
         """A decoded training example with its image cropped, resized and flipped (`crop_flip`)."""
@@ -208,4 +213,8 @@ def stack_channels_last(images: list[torch.Tensor]) -> torch.Tensor:
 
 def ensure_demo(root: Path) -> None:
     """Build the image demo data if it is missing (see `build_once`)."""
+    # imported here, not at the top: the package imports this module, and `python -m project.tasks.image.demo`
+    # must not find the demo imported before it runs (runpy warns)
+    from project.tasks.image.demo import demo_is_complete, make_demo
+
     build_once(root, demo_is_complete, make_demo, took="about 15 s")
