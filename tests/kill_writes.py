@@ -73,11 +73,11 @@ def install(log: Path, at: int, mode: str, whole_group: bool) -> None:
 
     real_write, real_replace = atomic.write_atomically, atomic.replace_atomically
 
-    def write_atomically(path, write):  # noqa: ANN001, ANN202 - project.data.atomic's signature
+    def write_atomically(path, write, root=None):  # noqa: ANN001, ANN202 - project.data.atomic's signature
         if _count(log, path) != at:
-            return real_write(path, write)
+            return real_write(path, write, root)
         if mode == "after":
-            real_write(path, write)
+            real_write(path, write, root)
             die()
 
         def torn(stream) -> None:  # noqa: ANN001
@@ -86,13 +86,13 @@ def install(log: Path, at: int, mode: str, whole_group: bool) -> None:
             os.ftruncate(stream.fileno(), os.fstat(stream.fileno()).st_size // 2)  # half the bytes reached the disk
             die()
 
-        return real_write(path, torn)
+        return real_write(path, torn, root)
 
-    def replace_atomically(path, write):  # noqa: ANN001, ANN202
+    def replace_atomically(path, write, root=None):  # noqa: ANN001, ANN202
         if _count(log, path) != at:
-            return real_replace(path, write)
+            return real_replace(path, write, root)
         if mode == "after":
-            real_replace(path, write)
+            real_replace(path, write, root)
             die()
 
         def torn(temporary: Path) -> None:
@@ -101,7 +101,7 @@ def install(log: Path, at: int, mode: str, whole_group: bool) -> None:
                 os.truncate(temporary, os.path.getsize(temporary) // 2)
             die()
 
-        return real_replace(path, torn)
+        return real_replace(path, torn, root)
 
     wrappers = {id(real_write): write_atomically, id(real_replace): replace_atomically}
     for module in list(sys.modules.values()):  # atomic's own names, and every `from ... import` made so far

@@ -237,7 +237,11 @@ def with_folder(data: bytes, folder: Path) -> bytes:
 
 # -- hostile values shared by the boundaries ---------------------------------------------------------------
 
-JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(), st.floats(), st.text(max_size=8))
+# subnormal floats as constants: a library an earlier test ran may leave the CPU flushing them to zero, and
+# hypothesis then refuses to generate them
+SUBNORMALS = st.sampled_from([5e-324, -2.2250738585072e-309])
+FLOATS = st.one_of(st.floats(allow_subnormal=False), SUBNORMALS)
+JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(), FLOATS, st.text(max_size=8))
 JSON_VALUES = st.recursive(
     JSON_SCALARS,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
