@@ -54,16 +54,16 @@ def is_interrupt(error: BaseException) -> bool:
 
 
 def check_positive(**values: float) -> None:
-    """A `UserError` naming the first data setting that is not positive."""
+    """A `UserError` naming the first data setting that is not positive (NaN included: it passes every bound)."""
     for name, value in values.items():
-        if value is not None and value <= 0:
+        if value is not None and not value > 0:
             raise UserError(f"data.{name} must be positive, got {value}")
 
 
 def check_not_negative(**values: float) -> None:
-    """A `UserError` naming the first data setting that is negative."""
+    """A `UserError` naming the first data setting that is negative (or NaN)."""
     for name, value in values.items():
-        if value < 0:
+        if not value >= 0:
             raise UserError(f"data.{name} must be 0 or more, got {value}")
 
 

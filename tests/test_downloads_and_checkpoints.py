@@ -7,10 +7,15 @@ from __future__ import annotations
 import copy
 import io
 import json
+import math
 import os
+import struct
+import subprocess
+import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import fsspec
@@ -19,12 +24,13 @@ import pytest
 import torch
 
 from project.callbacks.checkpoint_io import MAX_GB_VARIABLE, load_checkpoint_file
+from project.callbacks.checkpoint_stage import optimizers_problem
 from project.data import shard_index
 from project.data.shard_index import Shard, ShardOpen, read_index
 from project.data.stream import ShardStream
 from project.errors import ShardError, UserError
 
-from .conftest import image_task, jpeg, run_here
+from .conftest import REPO, image_task, jpeg, run_here
 from .hostile_server import CAP, Server, chunked, cut, declares, endless, whole
 
 
@@ -199,6 +205,16 @@ def first_tensor(checkpoint: dict) -> str:
     return next(iter(checkpoint["state_dict"]))
 
 
+def first_replaced(make):  # noqa: ANN001, ANN201
+    """A damage: the state_dict's first tensor replaced by `make` of it."""
+
+    def damage(checkpoint: dict) -> None:
+        name = first_tensor(checkpoint)
+        checkpoint["state_dict"][name] = make(checkpoint["state_dict"][name])
+
+    return damage
+
+
 LOADED = {  # what load_checkpoint_file, which every command's load goes through, refuses
     "a list": (lambda c: [c], "it holds a list, not a dict"),
     "state_dict a list": (put("state_dict", value=[]), "its state_dict is a list"),
@@ -252,6 +268,23 @@ COMMANDS = [  # (command, damage, what its one line names)
     ("train", put("optimizer_states", 0, "param_groups", value=[]), "has 0 parameter groups, this run's"),
     ("train", put("lr_schedulers", 0, value={}), "lr_schedulers[0] does not load into this run's"),
     ("train", put("ImageShards", "train_position", value=5), "ImageShards.train_position is an int"),
+    # a NaN epoch resumed a fit that never ended; more epochs than max_epochs, Lightning's traceback
+    (
+        "train",
+        put("loops", "fit_loop", "epoch_progress", "current", "processed", value=math.nan),
+        "is nan, not a count",
+    ),
+    (
+        "train",
+        put("loops", "fit_loop", "epoch_progress", "current", "completed", value=5),
+        "trained 5 epochs, more than",
+    ),
+    # loaded, then the first step stopped with a TypeError traceback
+    ("train", put("optimizer_states", 0, "param_groups", 0, "lr", value="x"), "param_groups[0].lr is a str"),
+    ("train", put("lr_schedulers", 0, "base_lrs", value=["x"]), "its lr_schedulers[0].base_lrs[0] is a str"),
+    # torch's copy into a parameter, or isnan, stopped with a traceback
+    ("evaluate", first_replaced(lambda tensor: tensor.to_sparse()), "is a torch.sparse_coo tensor, not one of plain"),
+    ("predict", first_replaced(lambda tensor: torch.empty(tensor.shape, device="meta")), "is a meta tensor"),
 ]
 
 
@@ -295,3 +328,130 @@ def command_args(command: str, path: Path, root: Path, folder: Path) -> list[str
             "export": [f"--out={folder / 'export'}", "--format=torchscript"],
         }[command]
     )
+
+
+# -- plain data that would cost without bound, and optimizer states that a fused step would write past ----------
+
+SENTINEL = "a text the bomb replaces"
+
+
+def list_dag(depth: int) -> bytes:
+    """Weights-only pickle opcodes of a list that holds one list twice, which holds one list twice, ... `depth`
+    deep: depth + 1 lists as a graph (the memo), 2^depth as a tree, which repr and str walk."""
+    put, get = (lambda k: b"r" + struct.pack("<I", 10**8 + k)), (lambda k: b"j" + struct.pack("<I", 10**8 + k))
+    ops = b"".join(b"]" + put(k) for k in range(depth + 1)) + b"K\x00a"
+    return ops + b"".join(b"a" + get(k + 1) + b"a" for k in reversed(range(depth)))
+
+
+def tuple_dag(depth: int) -> bytes:
+    """The same of tuples: hashing one, as a dict key while torch unpickles it, walks the tree."""
+    put, get = (lambda k: b"r" + struct.pack("<I", 10**8 + k)), (lambda k: b"j" + struct.pack("<I", 10**8 + k))
+    return b"K\x00\x85" + put(0) + b"".join(get(k - 1) + b"\x86" + put(k) for k in range(1, depth + 1))
+
+
+def with_pickled(checkpoint: dict, place, ops: bytes | None, path: Path) -> Path:  # noqa: ANN001
+    """`checkpoint` saved to `path` with `ops` unpickled where `place` puts SENTINEL (None: every file deflated)."""
+    checkpoint = copy.deepcopy(checkpoint)
+    place(checkpoint)
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    compression = zipfile.ZIP_DEFLATED if ops is None else zipfile.ZIP_STORED
+    with zipfile.ZipFile(buffer) as source, zipfile.ZipFile(path, "w", compression) as target:
+        for info in source.infolist():
+            data = source.read(info)
+            if ops is not None and info.filename.endswith("data.pkl"):
+                text = b"X" + struct.pack("<I", len(SENTINEL)) + SENTINEL.encode()  # BINUNICODE
+                assert data.count(text) == 1
+                data = data.replace(text, ops)
+            target.writestr(info.filename, data)
+    return path
+
+
+def first_callback(checkpoint: dict) -> None:
+    checkpoint["callbacks"][next(iter(checkpoint["callbacks"]))]["junk"] = SENTINEL
+
+
+BOMBS = {  # 1 kB each: without a bound, torch.load or repr never ends, or Lightning's deepcopy overflows the stack
+    "a dict key of 2^100 tuples": (lambda c: c["hyper_parameters"].update({SENTINEL: 1}), tuple_dag(100), "more than"),
+    "a version of 2^100 lists": (put("pytorch-lightning_version", value=SENTINEL), list_dag(100), "more than"),
+    "a callback's state 100,000 deep": (first_callback, b"]" * 100_001 + b"a" * 100_000, "nests deeper than 100"),
+    "its files deflated": (lambda c: None, None, "is compressed, which torch.save never does"),
+}
+
+
+def refused_in_a_child(call: str) -> str:
+    """The one line of the UserError that `call` (Python, its imports given) raises in a child process: a hang in C
+    (hashing a tuple) never returns to Python's signal handlers, so the child's timeout is the hang guard."""
+    code = f"from project.errors import UserError\ntry:\n    {call}\nexcept UserError as error:\n    print(error)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = result.stdout.splitlines()
+    return line
+
+
+@pytest.mark.parametrize("name", BOMBS)
+def test_plain_data_that_would_cost_without_bound_is_refused_before_it_is_unpickled(last_checkpoint, tmp_path, name):
+    place, ops, fragment = BOMBS[name]
+    path = with_pickled(last_checkpoint, place, ops, tmp_path / "bomb.ckpt")
+    load = f"from project.callbacks.checkpoint_io import load_checkpoint_file; load_checkpoint_file({str(path)!r})"
+    line = refused_in_a_child(load)
+    assert f"{path}: refused: its archive/" in line and fragment in line, line
+    if ops is not None:  # the same checkpoint with a text there loads
+        text = b"X" + struct.pack("<I", len(L.__version__)) + L.__version__.encode()
+        defused = load_checkpoint_file(with_pickled(last_checkpoint, place, text, tmp_path / "defused.ckpt"))
+        assert defused["state_dict"].keys() == last_checkpoint["state_dict"].keys()
+
+
+def test_optimizer_states_a_fused_step_would_write_past_are_refused_before_it_runs():
+    """torch loads any tensor as a parameter's moment; a fused AdamW step then writes past a shorter or expanded one
+    (a segfault: the process's memory overwritten). Each moment is the parameter's shape, each element its own."""
+    parameter = torch.nn.Parameter(torch.zeros(10, 64))
+    optimizer = torch.optim.AdamW([parameter], fused=True)
+    parameter.grad = torch.ones_like(parameter)
+    optimizer.step()
+    saved = optimizer.state_dict()
+    for moment, fits in [
+        (torch.zeros(3), False),
+        (torch.zeros(1).expand(10, 64), False),
+        (torch.zeros(10, 64).to_sparse(), False),
+        (torch.zeros(64, 10).t(), True),  # a channels-last model's moments are strided so: each element its own
+    ]:
+        damaged = copy.deepcopy(saved)
+        damaged["state"][0]["exp_avg"] = moment
+        problem = optimizers_problem([damaged], [optimizer])
+        assert (problem is None) == fits, problem
+        assert fits or problem.startswith("its optimizer_states[0].state[0].exp_avg is not a tensor of its parameter's")
+    damaged = copy.deepcopy(saved)
+    damaged["param_groups"][0]["params"] = [[0]]
+    assert "name their params by something else than numbers" in optimizers_problem([damaged], [optimizer])
+
+
+def test_a_text_checkpoint_whose_tokenizer_hash_is_no_text_is_one_line():
+    """`theirs[:12]` of a number stopped evaluate with a TypeError traceback."""
+    from project.tasks.text import TextClassifier
+
+    model = TextClassifier(num_classes=2, vocab_size=300, tokenizer_hash="ab" * 32, encoder="bag", dim=8)
+    with pytest.raises(UserError, match="another tokenizer \\(sha256 12345…\\)"):
+        model.on_load_checkpoint({"hyper_parameters": {"tokenizer_hash": 12345}, "state_dict": {}})
+
+
+def test_a_model_folders_pickled_weights_that_would_cost_without_bound_are_refused(tmp_path, monkeypatch):
+    """transformers unpickles a folder's pytorch_model.bin (weights_only) when it has no safetensors file: a dict
+    key of 2^100 tuples in it hung model.pretrained's loading, hashed for ever."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    from project.tasks.text.pretrained import PretrainedEncoder
+
+    from .test_text_runs import tiny_distilbert
+
+    tiny_distilbert(tmp_path / "safe", ["the film was good", "a dull plot and a bad cast"] * 10)
+    model = transformers.AutoModel.from_pretrained(str(tmp_path / "safe"), local_files_only=True)
+    folder = tmp_path / "pickled"
+    model.save_pretrained(folder, safe_serialization=False)
+    assert PretrainedEncoder(str(folder)).dim == 32  # a folder of pickled weights loads
+    state = dict(model.state_dict())
+    with_pickled(state, lambda s: s.update({SENTINEL: torch.zeros(1)}), tuple_dag(100), folder / "bomb")
+    (folder / "bomb").replace(folder / "pytorch_model.bin")
+    encoder = f"from project.tasks.text.pretrained import PretrainedEncoder; PretrainedEncoder({str(folder)!r})"
+    line = refused_in_a_child(encoder)
+    assert "pytorch_model.bin: refused: its archive/data.pkl unpickles to more than 10,000,000 objects" in line, line

@@ -6,17 +6,21 @@ bzip2 shard that holds 5 GB of zeros (35 s of CPU a read, unbounded) is then a b
 
 from __future__ import annotations
 
+import base64
 import bz2
 import functools
 import gzip
+import io
 import json
 import lzma
+import math
 import signal
 import tarfile
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from project.data import decompress
@@ -26,10 +30,11 @@ from project.data.shard_index import INDEX_NAME, Shard, read_index, write_index
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.data.tarwriter import FastTarWriter
-from project.errors import ShardError, UserError, is_interrupt
+from project.errors import DecodeError, ShardError, UserError, is_interrupt
 from project.tasks.image import device_decode
 from project.tasks.image.data import ImageShards
 from project.tasks.text import TextShards
+from project.tasks.text.pretrained import folder_tokenizer
 from project.tasks.text.tokenizer import FILE_NAME, file_hash, load_tokenizer, train_tokenizer
 
 from .conftest import CLASSES, REPO, image_task, jpeg, run_here, write_shards
@@ -288,3 +293,90 @@ def test_real_compressed_shards_are_read_whole_under_the_default_bound(text_root
         path.write_bytes(compress(plain.read_bytes()))
         expected = [{**sample, "__url__": str(path)} for sample in read_samples(str(plain))]
         assert list(read_samples(str(path))) == expected and len(expected) in (40, 80)
+
+
+def test_a_plain_tar_whose_first_name_starts_like_bzip2_is_read_as_a_tar(tmp_path):
+    """Sniffing the format by its first bytes took a shard whose first key starts with "BZh" for bzip2: a first
+    block that is a tar header (its checksum right) is a plain tar."""
+    path = tmp_path / "shard.tar"
+    with open(path, "wb") as stream, FastTarWriter(stream) as writer:
+        for i in range(3):
+            writer.write({"__key__": f"BZh91AY&SY{i}", "jpg": jpeg(i), "cls": b"1"})
+    assert path.read_bytes().startswith(b"BZh91AY&SY")
+    assert [sample["__key__"] for sample in read_samples(str(path))] == [f"BZh91AY&SY{i}" for i in range(3)]
+
+
+@pytest.mark.parametrize("ratio", [math.inf, 1e308])
+def test_an_unbounded_ratio_reads_a_compressed_shard_and_a_nan_one_is_refused(tmp_path, ratio):
+    """inf (no bound) and 1e308 (inf once multiplied) raised OverflowError or ValueError from the reader; NaN, which
+    passes every comparison, is refused as a setting."""
+    write_shards(tmp_path / "plain", [4], index=False)
+    plain = tmp_path / "plain" / "shard-000000.tar"
+    (tmp_path / "shard.tar.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    expected = [sample["__key__"] for sample in read_samples(str(plain))]
+    assert [sample["__key__"] for sample in read_samples(str(tmp_path / "shard.tar.gz"), max_ratio=ratio)] == expected
+    ImageShards(root=None, classes=CLASSES, max_compression_ratio=ratio)
+    with pytest.raises(UserError, match="data.max_compression_ratio must be positive, got nan"):
+        ImageShards(root=None, classes=CLASSES, max_compression_ratio=math.nan)
+
+
+def test_an_image_that_the_resize_would_grow_past_the_pixel_bound_is_skipped_and_counted(tmp_path):
+    """A 10 kB PNG of 1 x 10,000,000 pixels is within the pixel bound; resized to 224 on its shorter side it asks
+    1.5 TB, and collate (outside the skip) stopped the run with the allocation's traceback."""
+    sliver = io.BytesIO()
+    Image.new("L", (10_000_000, 1)).save(sliver, "PNG")
+    path = tmp_path / "shard.tar"
+    with open(path, "wb") as stream, FastTarWriter(stream) as writer:
+        writer.write({"__key__": "sliver", "png": sliver.getvalue(), "cls": b"1"})
+        writer.write({"__key__": "square", "jpg": jpeg(3), "cls": b"2"})
+    stream = ShardStream([Shard(str(path), 2)], image_task(224), stage="val", batch_size=2, skip_corrupt=True)
+    (batch,) = list(stream)
+    assert batch.keys == ["square"] and tuple(batch.image.shape) == (1, 3, 224, 224)
+    ((_, key, reason),) = batch.skipped
+    assert key == "sliver" and "resized to 224 on the shorter side" in reason and "max_image_pixels" in reason
+
+
+def test_device_decode_defers_only_a_jpeg_whose_header_states_its_size(tmp_path):
+    """A byte before the frame header hides a JPEG's size from jpeg_size, and libjpeg skips it: deferred to the
+    device, its pixels escaped the bound. It is decoded in the worker now, where PIL reads its size first."""
+    data = jpeg(5, size=40)
+    frame = 4 + int.from_bytes(data[4:6], "big")  # past the SOI and APP0 segments
+    hidden = data[:frame] + b"\x00" + data[frame:]
+    task = image_task(8, decode_on="device", max_image_pixels=1000)  # 40 x 40 is over it
+    for member in (data, hidden):
+        with pytest.raises(DecodeError, match="1,000"):
+            task.decode({"__key__": "k", "__url__": "u", "jpg": member, "cls": b"1"}, "val")
+    small = jpeg(5, size=20)
+    assert task.decode({"__key__": "k", "__url__": "u", "jpg": small, "cls": b"1"}, "val").jpeg == small
+
+
+def test_a_tokenizer_that_panics_while_it_loads_is_one_line(text_root, tmp_path):
+    """A Precompiled normalizer whose charsmap cannot be parsed makes tokenizers panic (a BaseException) while it
+    loads the file, not while it encodes: it escaped `except Exception` as a traceback, from a file and a folder."""
+    spec = json.loads((text_root / "train" / FILE_NAME).read_text())
+    spec["normalizer"] = {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(b"\xff" * 7).decode()}
+    (tmp_path / FILE_NAME).write_text(json.dumps(spec))
+    with pytest.raises(UserError, match="is not a tokenizer.json: Precompiled"):
+        load_tokenizer(tmp_path / FILE_NAME)
+    pytest.importorskip("transformers")
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    with pytest.raises(UserError, match="no usable Hugging Face tokenizer"):
+        folder_tokenizer(tmp_path)
+
+
+def test_ids_past_the_tokenizers_vocabulary_are_skipped_and_a_padding_id_past_it_is_one_line(text_root, tmp_path):
+    """A stranger's post-processor adds ids the vocabulary (and so the model's table) lacks: the model's
+    embedding stopped with an IndexError (on a GPU, a device-side assert); a padding id past it, at the model's."""
+    spec = json.loads((text_root / "train" / FILE_NAME).read_text())
+    spec["post_processor"] = {"type": "RobertaProcessing", "sep": ["</s>", 2**32 - 1], "cls": ["<s>", 2**32 - 1]}
+    (tmp_path / FILE_NAME).write_text(json.dumps(spec))
+    data = TextShards(root=str(text_root), tokenizer=str(tmp_path / FILE_NAME), num_workers=0)
+    with pytest.raises(DecodeError, match="the tokenizer gives it no ids, or ids past its 300"):
+        data.decode({"__key__": "k", "__url__": "u", "txt": b"the film was good", "cls": b"pos"}, "val")
+    assert data.document_frequencies()[1] == 0  # every text skipped, as training skips it: no IndexError
+    spec = json.loads((text_root / "train" / FILE_NAME).read_text())
+    spec["model"]["vocab"]["<pad>"] = spec["added_tokens"][0]["id"] = 4000
+    (tmp_path / FILE_NAME).write_text(json.dumps(spec))
+    data = TextShards(root=str(text_root), tokenizer=str(tmp_path / FILE_NAME), num_workers=0)
+    with pytest.raises(UserError, match="its padding token's id 4,000 is past its 300"):
+        data.pad_id  # noqa: B018

@@ -31,6 +31,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
+from project.callbacks.checkpoint_pickle import pickle_problem
 from project.callbacks.checkpoint_shape import checked_contents
 from project.callbacks.checkpoint_stage import check_for_trainer
 from project.data.atomic import write_atomically
@@ -93,8 +94,11 @@ def load_checkpoint_file(path: str | os.PathLike, option: str = "--ckpt_path", m
 
 
 def read_weights(local: Path, path: str | os.PathLike, option: str, map_location: Any) -> Any:
-    """`torch.load(weights_only=True)` of `local` (the file of `path`), its errors one line."""
+    """`torch.load(weights_only=True)` of `local` (the file of `path`), its errors one line; first its pickles are
+    measured (checkpoint_pickle.py): plain data that would cost without bound to unpickle, hash or walk is refused."""
     try:
+        if problem := pickle_problem(local):
+            raise UserError(f"{option} {redact(str(path))}: refused: {problem} (a bomb, or a damaged file)")
         return torch.load(local, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]

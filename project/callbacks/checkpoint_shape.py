@@ -14,6 +14,7 @@ checkpoint lacks, or one it has that the model does not, is one line naming it.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,8 @@ from packaging.version import InvalidVersion, Version
 from project.errors import UserError
 
 VERSION_KEY = "pytorch-lightning_version"
+SHORT = reprlib.Repr()  # quoted's: 3 levels deep, 6 items a level, 60 characters a text
+SHORT.maxlevel, SHORT.maxstring, SHORT.maxother, SHORT.maxlong = 3, 60, 60, 60
 
 
 def checked_contents(checkpoint: Any, shown: str) -> dict:
@@ -53,6 +56,9 @@ def contents_problem(checkpoint: Any) -> str | None:
             return f"its state_dict has a key that is no name: {quoted(name)}"
         if not isinstance(value, torch.Tensor) and not name.endswith("_extra_state"):  # a module's own extra state
             return f"its state_dict's {quoted(name)} is {a(value)}, not a tensor"
+        if isinstance(value, torch.Tensor) and not plain(value):  # torch's copy into a parameter, or isnan, fails
+            kind = "meta" if value.is_meta else "quantized" if value.is_quantized else str(value.layout)
+            return f"its state_dict's {quoted(name)} is a {kind} tensor, not one of plain values"
     hyperparameters = checkpoint.get("hyper_parameters", {})  # a task reads it with .get(key)
     if not isinstance(hyperparameters, dict):
         return f"its hyper_parameters are {a(hyperparameters)}, not a dict"
@@ -80,18 +86,28 @@ def check_state_names(state: Mapping[str, Any], own: Mapping[str, Any]) -> None:
             )
 
 
-def mismatch(template: Any, value: Any, where: str, need_dict: bool = False) -> str | None:
+def mismatch(template: Any, value: Any, where: str, need_dict: bool = False, counts: bool = False) -> str | None:
     """Where `value` is of another kind than this Lightning's own `template` (a fresh object's state): a key
-    both hold, of another kind (dict, list, number, true/false, text, tensor); keys only one holds pass."""
+    both hold, of another kind (dict, list, number, true/false, text, tensor), or an item of a list whose
+    template's items are all of one kind; keys only one holds pass. With `counts` (a loop's progress), a number
+    where the template holds an integer must be a count too: a NaN epoch resumes a fit that never ends."""
     expected = "a dict" if need_dict else kind_of(template)
     if expected is None:
         return None
     if kind_of(value) != expected:
         return f"its {where} is {a(value)}, where Lightning keeps {expected}"
+    if counts and expected == "a number" and isinstance(template, int) and not is_count(value):
+        return f"its {where} is {quoted(value)}, not a count"
     if isinstance(template, dict):
         for key, part in template.items():
-            if key in value and (problem := mismatch(part, value[key], f"{where}.{key}")):
+            if key in value and (problem := mismatch(part, value[key], f"{where}.{key}", counts=counts)):
                 return problem
+    kinds = {kind_of(item) for item in template} if isinstance(template, list | tuple) else set()
+    if len(kinds) == 1 and None not in kinds:  # a scheduler's base_lrs: numbers, which its step multiplies
+        (expected,) = kinds
+        for number, item in enumerate(value):
+            if kind_of(item) != expected:
+                return f"its {where}[{number}] is {a(item)}, where Lightning keeps {expected}"
     return None
 
 
@@ -103,8 +119,13 @@ def kind_of(value: Any) -> str | None:
     return next((name for types, name in kinds if isinstance(value, types)), None)
 
 
+def plain(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` holds its values as a plain one does: strided, not sparse, quantized or meta (no values)."""
+    return tensor.layout == torch.strided and not tensor.is_quantized and not tensor.is_meta
+
+
 def is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63  # what torch's int64 holds
 
 
 def a(value: Any) -> str:
@@ -118,5 +139,7 @@ def kind(error: BaseException) -> str:
 
 
 def quoted(value: Any) -> str:
-    text = repr(value)
+    """A stranger's value, shown in at most 60 characters: reprlib's abbreviation, as repr of a list nested
+    100,000 deep raises RecursionError, and of one whose items are one list twice, 100 deep, never ends."""
+    text = SHORT.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

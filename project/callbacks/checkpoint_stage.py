@@ -4,13 +4,15 @@ one line naming what is wrong, where Lightning would stop with a traceback from 
 `check_for_trainer` (`AtomicCheckpointIO`, once the checkpoint is loaded, which knows the trainer): the stage's
 loop state, the callbacks', the data module's and the precision plugin's states, shaped as this Lightning's own
 (compared with a fresh object's state: a key of theirs of another kind, a dict where a number belongs, is
-refused; a key only one of them holds passes, as Lightning lets it pass); resuming a fit also needs optimizer
-and scheduler states (a weights-only file cannot resume) and the data module's training position in counts.
+refused; a key only one of them holds passes, as Lightning lets it pass), a loop's progress in counts; resuming
+a fit also needs optimizer and scheduler states (a weights-only file cannot resume), the data module's training
+position in counts, and at most `--trainer.max_epochs` epochs done.
 
 `check_training_state` (`Classifier.on_fit_start`: after the optimizers are made, before Lightning restores
 their states): each optimizer state's parameter groups, and their parameters, as many as this run's; each
-scheduler state loads into a copy of this run's scheduler. What an optimizer state holds per parameter is
-torch's to check.
+parameter's moments and momentum of its shape, its elements each in a place of their own (torch loads any tensor
+there, and a fused AdamW step writes past a shorter one: a segfault); each scheduler state loads into a copy of
+this run's scheduler. What else an optimizer state holds per parameter is torch's to check.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
-from project.callbacks.checkpoint_shape import a, is_count, mismatch, quoted
+from project.callbacks.checkpoint_shape import a, is_count, kind_of, mismatch, plain, quoted
 from project.data.position import PLANNED_BY
 from project.errors import UserError
 from project.redact import redact
@@ -33,6 +36,7 @@ LOOPS = {
 }
 POSITION = ("epoch", "batches", "epoch_batches")  # what a resumed data module reads of its train_position
 OTHER_RUN = "it was saved from another model or other settings, or the file is damaged"
+PARAMETER_SHAPED = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")  # Adam's, AdamW's and SGD's
 
 
 def check_for_trainer(checkpoint: dict, trainer: Any, shown: str) -> None:
@@ -51,8 +55,10 @@ def trainer_problem(checkpoint: dict, trainer: Any) -> str | None:
     if problem is None and datamodule is not None:
         problem = owned_state_problem(checkpoint, datamodule)
     if problem is None and stage == TrainerFn.FITTING:
-        problem = resume_problem(checkpoint, trainer) or (
-            datamodule is not None and position_problem(checkpoint, trainer)
+        problem = (
+            epochs_problem(checkpoint.get("loops"), trainer.max_epochs)
+            or resume_problem(checkpoint, trainer)
+            or (datamodule is not None and position_problem(checkpoint, trainer))
         )
     return problem or None
 
@@ -70,7 +76,18 @@ def loops_problem(loops: Any, trainer: Any, stage: TrainerFn) -> str | None:
     if name not in loops:
         return f"its loops have no {name}, which {stage.value} restores: the file is damaged"
     loop = loops[name]
-    return mismatch(own_state(getattr(trainer, name)), loop, f"loops.{name}") or loader_problem(loop, name)
+    return mismatch(own_state(getattr(trainer, name)), loop, f"loops.{name}", counts=True) or loader_problem(loop, name)
+
+
+def epochs_problem(loops: dict | None, max_epochs: int | None) -> str | None:
+    """Lightning stops, with a traceback, a fit resumed from more epochs than `max_epochs` (-1, None: no bound)."""
+    try:
+        done = loops["fit_loop"]["epoch_progress"]["current"]["completed"]
+    except (KeyError, TypeError):
+        return None
+    if max_epochs is not None and max_epochs != -1 and is_count(done) and done > max_epochs:
+        return f"it has trained {done:,} epochs, more than --trainer.max_epochs {max_epochs}: set it higher to train on"
+    return None
 
 
 def loader_problem(loop: dict, name: str) -> str | None:
@@ -176,12 +193,54 @@ def optimizers_problem(states: list, optimizers: list) -> str | None:
             groups = f"{len(theirs)} parameter groups, this run's {len(ours)}"
             return f"its optimizer_states[{number}] has {groups}: {OTHER_RUN}"
         for group, (own, saved) in enumerate(zip(ours, theirs, strict=True)):
+            settings = {k: v for k, v in own.items() if k != "params" and kind_of(v) in ("a number", "a list")}
+            if problem := mismatch(settings, saved, f"optimizer_states[{number}].param_groups[{group}]"):
+                return problem  # an lr of text loads, and the first step stops with a TypeError
             if len(own["params"]) != len(saved["params"]):
                 where = f"optimizer_states[{number}].param_groups[{group}]"
                 return (
                     f"its {where} holds {len(saved['params'])} parameters, this run's {len(own['params'])}: {OTHER_RUN}"
                 )
+        if problem := parameter_states_problem(state, ours, f"optimizer_states[{number}]"):
+            return problem
     return None
+
+
+def parameter_states_problem(state: dict, groups: list, where: str) -> str | None:
+    """Each parameter's moments and momentum shaped as the parameter, each element in a place of its own, and its
+    step one number: torch loads any tensor there, and a fused AdamW step then writes past a shorter or expanded
+    one (a segfault, this process's memory overwritten)."""
+    saved = [index for group in state["param_groups"] for index in group["params"]]
+    if not all(is_count(index) for index in saved):  # torch maps them to this run's parameters: hashable numbers
+        return f"its {where}.param_groups name their params by something else than numbers"
+    own = [parameter for group in groups for parameter in group["params"]]
+    for index, parameter in zip(saved, own, strict=True):
+        values = state["state"].get(index) or {}
+        if not isinstance(values, dict):
+            return f"its {where}.state[{index}] is {a(values)}, not a dict"
+        for key, value in values.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            fits = value.numel() == 1 if key == "step" else value.shape == parameter.shape and dense(value)
+            if key in (*PARAMETER_SHAPED, "step") and not fits:
+                shape = "one number" if key == "step" else f"a tensor of its parameter's shape {tuple(parameter.shape)}"
+                return (
+                    f"its {where}.state[{index}].{key} is not {shape}, each element in a place of its own: {OTHER_RUN}"
+                )
+    return None
+
+
+def dense(tensor: torch.Tensor) -> bool:
+    """Whether each element of `tensor` has a place of its own in its memory, and none is left between: a plain
+    tensor (`plain`) whose strides, smallest first, step over exactly the dimensions before."""
+    if not plain(tensor) or tensor.numel() == 0:
+        return plain(tensor)
+    step = 1
+    for size, stride in sorted(zip(tensor.shape, tensor.stride(), strict=True), key=lambda pair: pair[1]):
+        if size != 1 and stride != step:
+            return False
+        step *= size
+    return True
 
 
 def schedulers_problem(states: list, configs: list) -> str | None:
@@ -189,6 +248,8 @@ def schedulers_problem(states: list, configs: list) -> str | None:
     same optimizer): what a real load would raise, raised here as one line."""
     for number, (config, state) in enumerate(zip(configs, states, strict=False)):  # Lightning's zip
         probe = copy.copy(config.scheduler)
+        if problem := mismatch(own_state(probe), state, f"lr_schedulers[{number}]"):
+            return problem  # base_lrs of text load, and the first step stops with a TypeError
         try:
             probe.load_state_dict(copy.deepcopy(state))
         except Exception as error:  # noqa: BLE001 - whatever the scheduler's own loading raises

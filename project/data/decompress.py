@@ -8,7 +8,8 @@ stay far below the default (measured, tar bytes per compressed byte, best of gzi
 photos as JPEGs 1.3, the image demo's 32 px JPEGs 6, changelogs 11, Debian package summaries 114, label-only
 shards 330, 128 px disc masks as .npy 541, 512 px binary masks 5,800 to 23,000 (none to all of them empty).
 gzip cannot pass about 1,030 nor xz about 6,900 (on zeros); only bzip2 meets the bound. Past it the read
-stops with a `tarfile.ReadError` naming `data.max_compression_ratio`: the stream's shard error.
+stops with a `tarfile.ReadError` naming `data.max_compression_ratio`: the stream's shard error. A first block
+that is a tar header (its checksum right) is a plain tar, whatever it starts with: a first key `BZh...`.
 """
 
 from __future__ import annotations
@@ -33,12 +34,25 @@ def sniffed(stream: IO[bytes], block: int, max_ratio: float | None) -> tuple[IO[
     """The stream the tar parser reads, and its first `block` bytes: decompressed when `stream` starts with a
     compression's magic number (at most `max_ratio` bytes out per byte in; None: no bound), else `stream`."""
     first = stream.read(block)
+    if is_tar_header(first):
+        return stream, first
     for magic, decompressor in DECOMPRESSORS.items():
         if first.startswith(magic):
             source = _Counted(first, stream)
             decompressed = Decompressed(decompressor(source), source, max_ratio)
             return decompressed, decompressed.read(block)
     return stream, first
+
+
+def is_tar_header(block: bytes) -> bool:
+    """Whether `block` starts with a tar header whose checksum is right, as tar writes it."""
+    if len(block) < 512:
+        return False
+    try:
+        stored = int(block[148:156].split(b"\0", 1)[0].strip(), 8)
+    except ValueError:
+        return False
+    return stored == sum(block[:512]) - sum(block[148:156]) + 8 * 32
 
 
 class Decompressed:
@@ -59,7 +73,8 @@ class Decompressed:
         while size != 0:
             # never ask for more than the bound allows and one byte: the decompressor's work stops there, unless
             # reading that byte needed more input, which raises the bound
-            room = max(0, int(self.max_ratio * self.source.count) - self.produced)
+            # (a float until capped: a ratio of inf, or 1e308 times the bytes read, is no int)
+            room = int(min(max(0.0, self.max_ratio * self.source.count - self.produced), 1 << 62))
             data = self._read(room + 1 if size < 0 else min(size, room + 1))
             if not data:
                 break

@@ -16,6 +16,8 @@ import torch
 import torchvision
 from torch import nn
 
+from project.callbacks.checkpoint_pickle import pickle_problem
+from project.callbacks.checkpoint_shape import plain
 from project.errors import UserError
 from project.tasks.weights import check_finite
 
@@ -198,6 +200,10 @@ def _last_classifier_layer(model: nn.Module) -> tuple[nn.Module, str, nn.Module]
     return model.get_submodule(parent_path), attribute, layer
 
 
+def is_plain(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and plain(value)  # not sparse, quantized or meta: load_state_dict fails
+
+
 def load_weights_file(features: nn.Module, head: nn.Linear, path: Path) -> None:
     """Load a local weights file into (features, head).
 
@@ -209,15 +215,18 @@ def load_weights_file(features: nn.Module, head: nn.Linear, path: Path) -> None:
     if not path.is_file():
         raise UserError(f"--model.weights {path}: no such file")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        problem = pickle_problem(path)  # plain data that would cost without bound to unpickle (a pickle bomb)
+        state = None if problem else torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unreadable or unsafe file is the user's to fix
         raise UserError(f"--model.weights {path}: not a readable weights file ({error})") from None
+    if problem:
+        raise UserError(f"--model.weights {path}: refused: {problem} (a bomb, or a damaged file)")
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]  # a Lightning checkpoint
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"--model.weights {path}: expected a state dict of tensors")
+    if not isinstance(state, dict) or not all(isinstance(k, str) and is_plain(v) for k, v in state.items()):
+        raise UserError(f"--model.weights {path}: expected a state dict of tensors (plain ones)")
     if any(key.startswith("backbone.") for key in state):  # our own checkpoint
         feature_state = {k.removeprefix("backbone."): v for k, v in state.items() if k.startswith("backbone.")}
         head_state = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}

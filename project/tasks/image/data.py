@@ -134,15 +134,17 @@ class ImageShards(ClassNames, ShardDataModule):
         need_label = stage != "predict"
         if self.decode_on == "device":
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
-            if extension in ("jpg", "jpeg") and sample[extension].startswith(JPEG_MAGIC):
+            jpeg = sample[extension] if extension in ("jpg", "jpeg") else b""
+            # only a JPEG whose size its header states is deferred: one whose frame header jpeg_size cannot find (a
+            # stray byte before it, which libjpeg skips) is decoded here, where PIL reads its size first
+            if jpeg.startswith(JPEG_MAGIC) and (dimensions := jpeg_size(jpeg)) and min(dimensions) > 0:
                 # a bad label fails here, as on the CPU path; so does a JPEG that declares too many pixels
                 label = sample_label(sample, self.classes) if need_label else optional_label(sample, self.classes)
-                if dimensions := jpeg_size(sample[extension]):
-                    try:
-                        check_pixels(*dimensions, self.max_image_pixels)
-                    except ValueError as error:
-                        raise DecodeError.of(sample, error) from None
-                return ImageExample(label, jpeg=sample[extension], url=sample["__url__"])
+                try:
+                    check_pixels(*dimensions, self.max_image_pixels)
+                except ValueError as error:
+                    raise DecodeError.of(sample, error) from None
+                return ImageExample(label, jpeg=jpeg, url=sample["__url__"])
         example = self.decode_pixels(sample, stage)
         if stage == "train" and self.crop_flip is not None:
             return self.train_crop(example)  # now, while the decoded pixels are in the CPU's cache (crops.py)

@@ -43,6 +43,17 @@ def check_pixels(width: int, height: int, max_pixels: int | None) -> None:
         raise ValueError(f"it declares {width} x {height} pixels, over data.max_image_pixels ({max_pixels:,})")
 
 
+def check_resized(height: int, width: int, size: int, max_pixels: int | None) -> None:
+    """A ValueError (a skipped sample) for an image that, its shorter side resized to `size` (the evaluation
+    transform's Resize), would hold more than `max_pixels` pixels: a 10 kB PNG of 1 x 10,000,000 pixels is
+    within the bound, and 224 x 2,240,000,000 (1.5 TB) once resized."""
+    if max_pixels is not None and size * size * max(height, width) > max_pixels * max(1, min(height, width)):
+        raise ValueError(
+            f"its {width} x {height} pixels, resized to {size} on the shorter side, make more than "
+            f"data.max_image_pixels ({max_pixels:,})"
+        )
+
+
 def open_image(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> Image.Image:
     """The image with only its header read; a ValueError where it declares more than `max_pixels` pixels
     (an OSError where it is no image PIL reads)."""

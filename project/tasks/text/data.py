@@ -181,7 +181,10 @@ class TextShards(ClassNames, ShardDataModule):
     @cached_property
     def pad_id(self) -> int:
         ids = (self.tokenizer.token_to_id(token) for token in PAD_TOKENS)
-        return next((found for found in ids if found is not None), 0)
+        found = next((found for found in ids if found is not None), 0)
+        if found >= self.vocab_size:  # a stranger's tokenizer.json: the model's table has vocab_size rows
+            raise UserError(f"{self.tokenizer_path}: its padding token's id {found:,} is past its {self.vocab_size:,}")
+        return found
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -200,7 +203,7 @@ class TextShards(ClassNames, ShardDataModule):
 
     def stream(self, split: str) -> ShardStream:
         # resolved here, once: the workers' copies get them without reading an index or hashing a file
-        self.classes, self.tokenizer_hash, self.pad_id  # noqa: B018
+        self.classes, self.tokenizer_hash, self.vocab_size, self.pad_id  # noqa: B018
         return super().stream(split)
 
     def read_texts(self, split: str) -> Iterator[tuple[str, int] | None]:
@@ -245,6 +248,8 @@ class TextShards(ClassNames, ShardDataModule):
         text, label = self.text_and_label(sample, stage)
         encoding = self.tokenizer.encode(text)
         tokens = encoding.ids
+        if not tokens or max(tokens) >= self.vocab_size:  # a stranger's tokenizer.json: ids the model's table lacks
+            raise DecodeError.of(sample, f"the tokenizer gives it no ids, or ids past its {self.vocab_size:,}")
         if stage == "train" and self.token_dropout > 0 and len(tokens) > 1:
             # torch's generator, seeded per training batch by the stream: the same drops on resume
             drop = (torch.rand(len(tokens), generator=batch_generator()) < self.token_dropout).tolist()

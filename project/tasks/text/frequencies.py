@@ -37,6 +37,8 @@ def count_documents(
                     if is_interrupt(error):
                         raise
                     continue  # training skips it too (stream.py): it is not counted
+                if not ids.size or ids[-1] >= vocabulary:  # no ids, or ids past the table: skipped in training too
+                    continue
                 frequencies[(ids, read[1]) if by_class else ids] += 1
                 texts += 1
     return frequencies, texts

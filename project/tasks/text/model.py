@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from project.callbacks.checkpoint_shape import quoted
 from project.callbacks.media import log_text, media_loggers
 from project.errors import UserError
 from project.tasks.classifier import Classifier, decay_groups, squared_hinge, training_samples
@@ -279,6 +280,7 @@ class TextClassifier(Classifier):
         theirs = checkpoint.get("hyper_parameters", {}).get("tokenizer_hash")
         ours = self.hparams.tokenizer_hash
         if theirs and ours and theirs != ours:
+            theirs = theirs if isinstance(theirs, str) else quoted(theirs)  # a damaged file's: a number, a list
             raise UserError(
                 f"the checkpoint was trained with another tokenizer (sha256 {theirs[:12]}…) than "
                 f"the data's ({ours[:12]}…): use the tokenizer.json it was trained with"

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import zipfile
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from project.errors import UserError
+from project.callbacks.checkpoint_pickle import pickle_problem
+from project.errors import UserError, is_interrupt
 from project.tasks.text.encoders import masked_mean
 from project.tasks.weights import check_finite
 
@@ -33,7 +35,9 @@ def folder_tokenizer(folder: str | Path) -> Tokenizer:
         raise UserError(f"a tokenizer folder ({folder}) needs transformers: {INSTALL}") from None
     try:
         auto = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot use
+    except BaseException as error:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot use, and
+        if is_interrupt(error):  # tokenizers a Rust panic (a BaseException) for a part it cannot build
+            raise
         raise UserError(f"no usable Hugging Face tokenizer in {folder} ({_first_line(error)})") from None
     backend = getattr(auto, "backend_tokenizer", None)
     if backend is None:
@@ -46,6 +50,19 @@ def folder_fingerprint(folder: str | Path) -> str:
     return hashlib.sha256(folder_tokenizer(folder).to_str().encode("utf-8")).hexdigest()
 
 
+def check_pickles(folder: str | Path) -> None:
+    """A `UserError` for a pickled weights file of the folder (`*.bin`, which transformers unpickles with
+    weights_only=True when there is no safetensors file) whose plain data would cost without bound to unpickle: 1 kB
+    of memo references made a dict key that torch hashed for ever (checkpoint_pickle.py)."""
+    for path in sorted(Path(folder).glob("*.bin")):
+        try:
+            problem = pickle_problem(path)
+        except (OSError, zipfile.BadZipFile):  # transformers says what is wrong with it, if it reads it
+            continue
+        if problem:
+            raise UserError(f"model.pretrained: {path}: refused: {problem} (a bomb, or a damaged file)")
+
+
 class PretrainedEncoder(nn.Module):
     """A Hugging Face encoder from a local folder (transformers' AutoModel; never downloads)."""
 
@@ -55,6 +72,7 @@ class PretrainedEncoder(nn.Module):
             from transformers import AutoModel
         except ImportError:
             raise UserError(f"model.pretrained needs transformers: {INSTALL}") from None
+        check_pickles(folder)
         try:  # a folder from a stranger: its weights load as tensors only, and code it names is never run
             self.model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot use

@@ -30,7 +30,7 @@ from project.commands import run_command
 from project.data.atomic import write_atomically
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index, write_index
-from project.errors import UserError, run_main
+from project.errors import UserError, is_interrupt, run_main
 
 # the DataLoader's workers encode with the tokenizer: a Rust thread pool started before they fork would
 # make tokenizers disable itself with a warning in every worker, so encoding stays single-threaded
@@ -96,8 +96,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         tokenizer = Tokenizer.from_file(str(path))
     except FileNotFoundError:
         raise UserError(f"tokenizer not found: {path}: train it with {COMMAND} DATA") from None
-    except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
-        raise UserError(f"{path} is not a tokenizer.json: {str(error).splitlines()[0]}") from None
+    except BaseException as error:  # noqa: BLE001 - a bare Exception for a file it cannot parse, a Rust panic
+        problem = UserError(f"{path} is not a tokenizer.json: {(str(error).splitlines() or [''])[0]}")
+        raise error if is_interrupt(error) else problem from None  # (a BaseException) for a part it cannot build
     tokenizer.encode_special_tokens = True
     return tokenizer
 
@@ -238,9 +239,8 @@ def train_tokenizer(
     _check_arguments(vocab_size, max_chars)
     index_path = training_index(data)
     index = read_index(str(index_path))
-    # No seeding of the library is needed: its BPE trainer counts in threads but merges the counts, and
-    # breaks ties between pairs of equal count by the pair's ids, so a run is deterministic for its input
-    # (checked with 1 and 8 threads, RAYON_NUM_THREADS); the input is fixed by the seed's shard order.
+    # No seeding is needed: the BPE trainer counts in threads but merges the counts and breaks ties by the pair's ids,
+    # so a run is deterministic for its input, which the seed's shard order fixes (checked with 1 and 8 threads).
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
