@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from project.data.decompress import is_tar_header
 from project.data.paths import class_folders, open_regular, read_regular, source_files
 from project.data.private import private_folder
 from project.data.remote import cached, is_remote, local_path, open_url
@@ -154,7 +155,8 @@ def _member_offsets(url: str) -> dict[tuple[str, str], tuple[int, int]]:
 
     offsets = {}
     with open_shard(url) as stream:
-        if any(stream.read(8).startswith(magic) for magic in DECOMPRESSORS):
+        head = stream.read(512)  # a plain tar whose first name starts like a compressor's magic is still a tar
+        if not is_tar_header(head) and any(head.startswith(magic) for magic in DECOMPRESSORS):
             return offsets  # compressed: no offsets into it; read_record reads it through
         stream.seek(0)
         try:
