@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-import yaml
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -26,11 +25,11 @@ from project.callbacks.checkpoint_io import (
 from project.callbacks.save_config import RedactedSaveConfig
 from project.callbacks.template import add_callback_sections, chosen
 from project.callbacks.threads import fixed_threads, loader_threads, threads_fixed_by_user
-from project.cli_help import print_help, redacted_print_config
+from project.cli_help import RedactedErrors, print_help, redacted_print_config
 from project.commands import started_as
 from project.data.datamodule import ShardDataModule
-from project.errors import UserError, allocation_failure, largest_settings
-from project.run_folder import config_beside, recorded_config_hash, run_config, run_document, task_flags
+from project.errors import UserError, allocation_failure, causes, largest_settings, user_error_in
+from project.run_folder import config_beside, config_file, recorded_config_hash, run_config, run_document, task_classes
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -54,6 +53,10 @@ warnings.filterwarnings("ignore", message=".*`isinstance\\(treespec, LeafSpec\\)
 warnings.filterwarnings("ignore", message=".*when using `ckpt_path`, callbacks used to create the checkpoint.*")
 # tune, scaling, export and bench hand LightningCLI their own argument lists, on purpose
 warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter is intended.*")
+
+
+class ProjectParser(RedactedErrors, LightningArgumentParser):
+    """LightningCLI's parser; its error lines show no secret."""
 
 
 class ProjectCLI(LightningCLI):
@@ -84,9 +87,12 @@ class ProjectCLI(LightningCLI):
 
         given = list(sys.argv[1:] if args is None else args)
         self.from_checkpoint = from_checkpoint
+        self.run_config_path: Path | None = None  # the run folder's config.yaml, once read
         if from_checkpoint:
             args = given = [*given, "--trainer.logger", "false"]  # last: a --config file may set a logger
+        # no abbreviations: `--print_conf=` would print the configuration past redacted_print_config's check
         parser_kwargs = {"default_config_files": [str(DEFAULT_CONFIG), *extra_config_files], "prog": started_as()}
+        parser_kwargs["allow_abbrev"] = False
         parser_kwargs.update(kwargs.pop("parser_kwargs", {}))
         self.help_requested = "-h" in given or "--help" in given
         super().__init__(
@@ -101,6 +107,7 @@ class ProjectCLI(LightningCLI):
             # would be overwritten), and the checkpoint's run has one
             save_config_callback=None if from_checkpoint else RedactedSaveConfig,
             save_config_kwargs={"overwrite": True},
+            parser_class=ProjectParser,
             auto_configure_optimizers=False,  # the model's configure_optimizers reads its own arguments
             **kwargs,
         )
@@ -124,7 +131,11 @@ class ProjectCLI(LightningCLI):
         args = sys.argv[1:] if args is None else args
         with redacted_print_config(args):
             run = self.run_folder_config(parser, args) if self.from_checkpoint else None
-            super().parse_arguments(parser, args if run is None else ["--config", yaml.safe_dump(run), *args])
+            if run is None:
+                super().parse_arguments(parser, args)
+                return
+            with config_file(run) as path:  # a file of ours: never one of that name in the working folder
+                super().parse_arguments(parser, ["--config", str(path), *args])
 
     def run_folder_config(self, parser: LightningArgumentParser, args: list[str]) -> dict | None:
         """What the checkpoint's run folder gives to rebuild its model (`project.run_folder`), once the user's
@@ -136,8 +147,10 @@ class ProjectCLI(LightningCLI):
         if found is None:
             return None
         path, document = found
+        self.run_config_path = path
         own = [arg for arg in args if not arg.startswith("--print_config")]
-        super().parse_arguments(parser, [*task_flags(document), *own])
+        with config_file(task_classes(document)) as classes:
+            super().parse_arguments(parser, ["--config", str(classes), *own])
         user, defaults = self.config.as_dict(), parser.get_defaults().as_dict()
         return run_config(path, document, user, defaults, parser.prog)
 
@@ -174,6 +187,9 @@ class ProjectCLI(LightningCLI):
             super().instantiate_classes()
         except Exception as error:  # a size setting (or a stranger's config.yaml) asking for more than there is
             asked = allocation_failure(error)
+            if asked is None and self.run_config_path is not None and user_error_in(error) is None:
+                reason = str([*causes(error)][-1]).strip().split("\n", 1)[0][:300]  # what the class's __init__ raised
+                raise UserError(f"{self.run_config_path}: its model and data cannot be built: {reason}") from None
             if asked is None:
                 raise
             raise UserError(

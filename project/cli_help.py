@@ -1,5 +1,5 @@
-"""What `--help` and `--print_config` show: the options of the classes a configuration picks, with their
-docstrings, and no secret of a URL (`redact.py`, the one choke point)."""
+"""What `--help`, `--print_config` and a parse error show: the options of the classes a configuration picks, with
+their docstrings, and no secret of a URL (`redact.py`, the one choke point)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,19 @@ import contextlib
 import importlib
 import io
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from jsonargparse import ArgumentParser
 
 from project.redact import redact_text, redact_value
+
+
+class RedactedErrors:
+    """A jsonargparse parser (a mixin before it) whose error lines show URLs' secrets as ***: jsonargparse quotes
+    the value it refused, a whole section of a config file among them (`Given value: {'train': 'https://...'}`)."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        super().error(redact_text(message), ex)  # type: ignore[misc]
 
 
 @contextlib.contextmanager

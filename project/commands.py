@@ -20,7 +20,7 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from project.cli_help import redacted_print_config
+from project.cli_help import RedactedErrors, redacted_print_config
 from project.redact import redact_text
 
 
@@ -50,9 +50,14 @@ def description(function: Callable) -> str:
     return (inspect.getdoc(function) or "").split("\n\n")[0].replace("\n", " ")
 
 
+class ToolParser(RedactedErrors, ArgumentParser):
+    """A tool's parser: its error lines show no secret."""
+
+
 def command_parser(function: Callable, module: str, config: bool = True) -> ArgumentParser:
     """`function`'s parameters as a parser: required ones before a `*` positional, the others options."""
-    parser = ArgumentParser(prog=invocation(module), description=description(function))
+    # no abbreviations: `--print_conf=` would print the options past redacted_print_config's check
+    parser = ToolParser(prog=invocation(module), description=description(function), allow_abbrev=False)
     if config:
         parser.add_argument("--config", action=ActionConfigFile, help="A YAML file of these options.")
     else:
@@ -154,7 +159,8 @@ def parse_tool_arguments(
     parser = command_parser(function, module, config=False)
     options = option_names(parser) - {"--print_config"}
     args = modernized(args, options, spellings)
-    mine, rest, position, printing = [], [], 0, "--print_config" in args
+    printing = any(arg.partition("=")[0] == "--print_config" for arg in args)  # `--print_config=x` too
+    mine, rest, position = [], [], 0
     while position < len(args):
         token = args[position]
         name, equals, _ = token.partition("=")

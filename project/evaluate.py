@@ -23,7 +23,7 @@ from project.tasks import WORKER_MODULES
 def early_arguments(args: list[str], *options: str) -> argparse.Namespace:
     """What is read before the full parse (the checkpoint decides which run config to load): --ckpt_path,
     -h, --print_config, and `options` (names such as "--out"; "--data.predict" is read as `predict`)."""
-    early = argparse.ArgumentParser(add_help=False)
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # as the full parse: no abbreviations
     early.add_argument("--ckpt_path")
     early.add_argument("-h", "--help", action="store_true")
     early.add_argument("--print_config", nargs="?", const=True)

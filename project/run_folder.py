@@ -7,10 +7,13 @@ become:
 
 - the `model` and `data` sections, nothing else (no trainer, callbacks, logger, optimizer or ckpt_path);
 - classes that are the project's own tasks (`project.tasks.*`) or that the user's own configuration names;
-  any other `class_path`, at any depth, is one line, and nothing is imported for it;
+  any other `class_path`, at any depth, is one line, and nothing is imported for it; a setting whose type
+  admits a class (`data.augment`) is given only as a `class_path` mapping or one of its type's Literal
+  strings, since jsonargparse reads any other string there as a class to import (a class path, YAML naming
+  one, or a file holding it);
 - of `data`, only the task's own settings: never where data is (`root`, `train`, `val`, `test`, `predict`:
   those come from the user's configs and flags), where to write (`cache_dir`), or the core's resources and
-  bounds (workers, buffers, `max_member_bytes`, ...), which stay the user's;
+  bounds (workers, buffers, `max_member_bytes`, ...) and a task's (`max_image_pixels`), which stay the user's;
 - no string that is a `pipe:` command, anywhere.
 
 Only a config.yaml in the run folder that holds the checkpoint (`<run>/checkpoints/<name>.ckpt` beside
@@ -21,24 +24,34 @@ left in the same folder (`--trainer.logger false` writes into the working folder
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
+import os
+import reprlib
 import stat
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from project.class_strings import class_settings
+from project.data.private import private_folder
 from project.errors import UserError
 from project.redact import redact
 
 RUN_CONFIG_KEY = "run_config_sha256"  # what a checkpoint records of its run's config.yaml
 MAX_CONFIG_BYTES = 1 << 20  # a run's config.yaml is a few KB
 MAX_NODES = 100_000  # values walked in it: YAML aliases can make a small file a large tree
+MAX_CHARACTERS = 4 * MAX_CONFIG_BYTES  # characters of its strings and keys walked: aliases repeat one string
 SPECS = ("root", "train", "val", "test", "predict")  # where the data is: the user's to say
 TASKS = "project.tasks."  # the project's own task classes, which a run folder may name
+TASK_BOUNDS = frozenset({"max_image_pixels"})  # a task's own bound on what it decodes: the user's, as the core's
+RUN_SWITCHES = frozenset({"compile"})  # torch.compile starts a compiler: a process is the user's to start
 
 
 def config_beside(ckpt_path: str | Path) -> Path | None:
@@ -85,23 +98,37 @@ def run_document(ckpt_path: str | Path, recorded: str | None) -> tuple[Path, dic
         return None
     try:
         document = yaml.safe_load(raw)  # plain YAML: no tags that build Python objects
-    except (yaml.YAMLError, RecursionError) as error:
+    except (yaml.YAMLError, RecursionError, ValueError) as error:  # ValueError: an integer past 4,300 digits
         raise UserError(f"{path}: not a readable run config ({type(error).__name__})") from None
     if not isinstance(document, dict):
         raise UserError(f"{path}: not a run config: a mapping with model and data sections is expected")
     return path, document
 
 
-def task_flags(document: dict) -> list[str]:
-    """`--model CLASS` and `--data CLASS` for the run's classes that are the project's tasks: the user's flags
-    for that task's settings (`--data.tokenizer`) parse beside them."""
-    flags = []
+def task_classes(document: dict) -> dict:
+    """The run's classes that are the project's tasks (`{"model": {"class_path": CLASS}}`): the user's flags for
+    that task's settings (`--data.tokenizer`) parse beside them."""
+    classes = {}
     for section in ("model", "data"):
         part = document.get(section)
         class_path = part.get("class_path") if isinstance(part, dict) else None
         if allowed_class(class_path, set()):
-            flags.append(f"--{section}={class_path}")
-    return flags
+            classes[section] = {"class_path": class_path}
+    return classes
+
+
+@contextlib.contextmanager
+def config_file(config: dict) -> Iterator[Path]:
+    """`config` as a YAML file of this user's alone (removed after), for jsonargparse's `--config`: given a string
+    (or `--model CLASS`), jsonargparse first reads a file of that name in the working folder, which may be the
+    stranger's run folder, with a file of that name planted."""
+    descriptor, name = tempfile.mkstemp(suffix=".yaml", dir=private_folder("run-configs"))
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(yaml.safe_dump(config))
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
 
 
 def run_config(path: Path, document: dict, user: dict, defaults: dict, purpose: str) -> dict:
@@ -147,35 +174,73 @@ def rebuilt_sections(document: dict, path: Path) -> dict:
         init_args = part.get("init_args") or {}
         if not isinstance(init_args, dict):
             raise UserError(f"{path}: {section}.init_args is not a mapping")
-        if section == "data":
-            core = core_settings()
-            init_args = {key: value for key, value in init_args.items() if key not in core}
+        dropped = core_settings() | TASK_BOUNDS if section == "data" else RUN_SWITCHES
+        init_args = {key: value for key, value in init_args.items() if key not in dropped}
         kept[section] = {"class_path": part["class_path"], "init_args": init_args}
     return kept
 
 
 def check_values(kept: dict, path: Path, named: set[str]) -> None:
-    """Every class_path a project task or one the user names; no `pipe:` command; a bounded tree."""
-    budget = MAX_NODES
-    stack: list[tuple[str, Any]] = [(key, value) for key, value in kept.items()]
+    """Every class_path a project task or one the user names, and a setting whose type admits a class given
+    only as one; no `pipe:` command; a bounded tree (values, and characters: aliases repeat a long string).
+    Each value's place is a link to its parent's, spelled out only for a message."""
+    nodes, characters = MAX_NODES, MAX_CHARACTERS
+    # (place, value, what it may be: None anything, a set the only strings, a function a class's init_args)
+    stack: list[tuple[tuple, Any, Any]] = [((None, ".", key), value, None) for key, value in kept.items()]
     while stack:
-        where, value = stack.pop()
-        budget -= 1
-        if budget < 0:
-            raise UserError(f"{path}: more than {MAX_NODES:,} values, more than a run config holds")
+        at, value, kind = stack.pop()
+        nodes -= 1
+        if isinstance(value, str | dict):
+            characters -= len(value) if isinstance(value, str) else sum(len(k) for k in value if isinstance(k, str))
+        if nodes < 0 or characters < 0:
+            size = f"{MAX_NODES:,} values" if nodes < 0 else f"{MAX_CHARACTERS:,} characters"
+            raise UserError(f"{path}: more than {size}, more than a run config holds")
         if isinstance(value, dict):
             class_path = value.get("class_path")
             if class_path is not None and not allowed_class(class_path, named):
                 raise UserError(
-                    f"{path}: {where}.class_path {str(class_path)[:200]!r} is neither one of the project's tasks "
+                    f"{path}: {where(at)}.class_path {shown(class_path)!r} is neither one of the project's tasks "
                     "nor a class your configs name: a run folder's config may not import it (give the run's config "
                     "with --config FILE if you trust it)"
                 )
-            stack.extend((f"{where}.{key}", item) for key, item in value.items())
+            for key, item in value.items():
+                if callable(kind):  # a class's init_args: each setting as its type says
+                    inner = kind(key)
+                elif class_path is None:
+                    inner = kind
+                elif key == "init_args" and isinstance(item, dict):
+                    inner = class_settings(class_path)
+                else:
+                    inner = None if key == "class_path" else frozenset()
+                stack.append(((at, ".", key), item, inner))
         elif isinstance(value, list):
-            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+            stack.extend(((at, "[]", i), item, kind) for i, item in enumerate(value))
         elif isinstance(value, str) and value.lstrip().startswith("pipe:"):
-            raise UserError(f"{path}: {where} is a pipe: command ({redact(value)[:200]!r}): a run folder runs nothing")
+            raise UserError(
+                f"{path}: {where(at)} is a pipe: command ({redact(value)[:200]!r}): a run folder runs nothing"
+            )
+        elif isinstance(value, str) and isinstance(kind, frozenset) and value not in kind:
+            raise UserError(
+                f"{path}: {where(at)} names a class by a string ({shown(value)!r}), which a run folder's config may "
+                "not import: give it as a class_path of one of the project's tasks (or give the run's config with "
+                "--config FILE if you trust it)"
+            )
+
+
+def where(at: tuple | None) -> str:
+    """A value's place (`model.init_args.x[0]`) from its link to its parent's, each key cut to 100 characters."""
+    parts = []
+    while at is not None:
+        at, kind, key = at
+        parts.append(f".{str(key)[:100]}" if kind == "." else f"[{key}]")
+    return "".join(reversed(parts))[1:]
+
+
+def shown(value: Any) -> str:
+    """A stranger's value for a message: a string as given, anything else two levels deep; 200 characters."""
+    brief = reprlib.Repr()
+    brief.maxlevel, brief.maxstring = 2, 100
+    return (value if isinstance(value, str) else brief.repr(value))[:200]
 
 
 def allowed_class(class_path: Any, named: set[str]) -> bool:
@@ -216,7 +281,7 @@ def check_data_given(document: dict, user: dict, defaults: dict, purpose: str) -
     run, given = specs_of(document), specs_of(user)
     if not any(run.values()) or run == given or given != specs_of(defaults):
         return
-    named = ", ".join(f"data.{key}={redact(str(value))[:200]!r}" for key, value in run.items() if value)
+    named = ", ".join(f"data.{key}={redact(shown(value))[:200]!r}" for key, value in run.items() if value)
     raise UserError(
         f"{purpose}: the checkpoint's run read its data from {named}, and data named in a run folder is never "
         "read (it may be a stranger's): give yours with --data.root DIR (or --data.test, --data.val, --data.predict)"

@@ -13,7 +13,16 @@ import torch
 import yaml
 
 from project.errors import UserError
-from project.run_folder import RUN_CONFIG_KEY, allowed_class, check_values, config_beside
+from project.run_folder import (
+    MAX_CHARACTERS,
+    RUN_CONFIG_KEY,
+    allowed_class,
+    check_data_given,
+    check_values,
+    config_beside,
+    rebuilt_sections,
+    run_document,
+)
 
 from .conftest import run_here
 
@@ -239,3 +248,152 @@ def test_print_config_and_help_show_no_secret(tmp_path):
     for result in (printed, helped):
         assert "s3cretPassw0rd" not in result.stdout + result.stderr
         assert "abcdef0123456789" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "augment",
+    ["evil_module.Evil", "{class_path: evil_module.Evil}", '{"class_path": "evil_module.Evil"}', "CLASS_FILE"],
+)
+def test_a_class_named_by_a_string_where_a_class_may_go_is_one_line_and_never_imported(
+    strangers_run, tiny_demo, tmp_path, augment
+):
+    """data.augment takes a preset or a v2.Transform: jsonargparse reads any other string there as a class to
+    import (its path, YAML naming it, or a file of that YAML), past the check of class_path mappings."""
+    ckpt, config, markers = strangers_run
+    if augment == "CLASS_FILE":
+        (tmp_path / "augment.yaml").write_text("class_path: evil_module.Evil\n")
+        augment = str(tmp_path / "augment.yaml")
+    config["data"]["init_args"]["augment"] = augment
+    record_run_config(ckpt, yaml.safe_dump(config))
+    for command in ("project.evaluate", "project.export"):
+        result = run_here(command, f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
+        assert "data.init_args.augment names a class by a string" in one_error_line(result)
+        assert not (markers / "imported").exists()
+
+    config["data"]["init_args"]["augment"] = "light"  # a preset is a string its type names: read
+    config["data"]["init_args"]["max_image_pixels"] = 10**15  # a bound on what is decoded: the user's, left out
+    record_run_config(ckpt, yaml.safe_dump(config))
+    args = (f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", "--data.num_workers=0", "--print_config")
+    printed = run_here("project.evaluate", *args, cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    built = yaml.safe_load(printed.stdout)["data"]["init_args"]
+    assert built["augment"] == "light" and built["max_image_pixels"] == 89478485
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [-3, 10**30])
+def test_a_run_config_whose_model_cannot_be_built_is_one_line(strangers_run, tiny_demo, tmp_path, width):
+    ckpt, config, _ = strangers_run
+    config["model"]["init_args"]["width"] = width
+    record_run_config(ckpt, yaml.safe_dump(config))
+    result = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
+    assert "config.yaml: its model and data cannot be built" in one_error_line(result)
+
+
+def test_a_settings_string_is_read_only_where_its_type_admits_no_class(tmp_path):
+    path, data = tmp_path / "config.yaml", "project.tasks.image.ImageShards"
+    for given in ("evil_module.Evil", ["evil_module.Evil"], {"init_args": {"x": "evil_module.Evil"}}):
+        with pytest.raises(UserError, match=r"data.init_args.augment\S* names a class by a string"):
+            check_values({"data": {"class_path": data, "init_args": {"augment": given}}}, path, set())
+    check_values({"data": {"class_path": data, "init_args": {"augment": "strong", "classes": ["a.b"]}}}, path, set())
+    nested = {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"backbone": "x.y"}}
+    check_values({"data": {"class_path": data, "init_args": {"augment": nested}}}, path, set())  # its own types
+    kept = rebuilt_sections(
+        {"data": {"class_path": data, "init_args": {"max_image_pixels": 1, "cache_dir": "/"}}}, path
+    )
+    assert kept["data"]["init_args"] == {}  # the bounds and where to write stay the user's
+
+
+def test_aliases_and_long_keys_cost_their_whole_size_and_a_message_stays_short(tmp_path):
+    """YAML aliases make a few lines a tree of 2^40 values, one long string 100,000 strings, a long key a prefix
+    of every value under it: each is refused in one line, in bounded time and memory."""
+    path = tmp_path / "config.yaml"
+    bomb: list = ["lol"]
+    for _ in range(40):
+        bomb = [bomb, bomb]
+    with pytest.raises(UserError, match=r"model.init_args.x.class_path '\[\[\[\.\.\.\]") as raised:
+        check_values({"model": {"init_args": {"x": {"class_path": bomb}}}}, path, set())
+    assert len(str(raised.value)) < 1000
+    document = {"data": {"init_args": {"root": bomb}}}
+    with pytest.raises(UserError, match="data named in a run folder is never read") as raised:
+        check_data_given(document, {"data": {"init_args": {}}}, {"data": {"init_args": {}}}, "evaluate")
+    assert len(str(raised.value)) < 1000
+    long = "A" * 500_000  # one string, given 99 times by alias
+    model = {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"class_names": [long] * 99}}
+    with pytest.raises(UserError, match=f"more than {MAX_CHARACTERS:,} characters"):
+        check_values({"model": model}, path, set())
+    with pytest.raises(UserError, match="more than 100,000 values"):  # not 120,000 paths of 400,000 characters
+        check_values({"model": {"init_args": {"K" * 400_000: [0] * 120_000}}}, path, set())
+
+
+def test_an_integer_past_pythons_digits_is_one_line(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"x")
+    text = f"model:\n  init_args:\n    width: {'9' * 5000}\n".encode()
+    (tmp_path / "config.yaml").write_bytes(text)
+    with pytest.raises(UserError, match=r"not a readable run config \(ValueError\)"):
+        run_document(tmp_path / "checkpoints" / "best.ckpt", hashlib.sha256(text).hexdigest())
+
+
+@pytest.mark.slow
+def test_an_abbreviated_print_config_or_a_parse_error_shows_no_secret(tmp_path):
+    """argparse would take `--print_conf=` for `--print_config`, past the check that redacts what it prints, and
+    jsonargparse's error quotes a config file's whole section; a tool's `--print_config=FLAGS` prints, never runs."""
+    secret = "https://alice:s3cretPassw0rd@data.example/shards/{0..3}.tar?X-Amz-Signature=abcdef0123456789"
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump({"data": {"init_args": {"train": secret, "batch_size": "many"}}}))
+    prepare = tmp_path / "prepare.yaml"
+    prepare.write_text(yaml.safe_dump({"source": secret, "out": str(tmp_path / "out")}))
+    results = [
+        run_here("project.train", f"--data.train={secret}", "--print_conf=", cwd=tmp_path),
+        run_here("project.shards.prepare", f"--config={prepare}", "--print_conf=", cwd=tmp_path),
+        run_here("project.train", f"--config={config}", cwd=tmp_path),
+    ]
+    for result in results:
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert "s3cretPassw0rd" not in result.stdout + result.stderr
+        assert "abcdef0123456789" not in result.stdout + result.stderr
+    assert all("unrecognized arguments: --print_conf=" in result.stderr for result in results[:2])
+    assert "data.example" in results[2].stderr  # the section is quoted, its secrets as ***
+    printed = run_here(
+        "project.tune", "--n_trials=1", f"--data.train={secret}", "--print_config=skip_null", cwd=tmp_path
+    )
+    assert printed.returncode == 0 and yaml.safe_load(printed.stdout)["n_trials"] == 1, printed.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_file_planted_in_the_run_folder_is_never_read_as_a_config_when_it_is_the_working_folder(
+    strangers_run, tiny_demo
+):
+    """jsonargparse reads `--model CLASS` or `--config TEXT` as a file where one of that name is in the working
+    folder: run from inside a stranger's run folder, a file they named so would be the run's whole config."""
+    ckpt, _, markers = strangers_run
+    run = ckpt.parent.parent
+    model = {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"width": 16}}
+    record_run_config(ckpt, yaml.safe_dump({"model": model}))
+    planted = {"model": model, "trainer": {"callbacks": [{"class_path": "evil_module.Evil"}]}}
+    (run / yaml.safe_dump({"model": model})).write_text(yaml.safe_dump(planted))  # the run config, as text
+    (run / "project.tasks.image.ImageClassifier").write_text("class_path: evil_module.Evil\n")  # as --model CLASS
+    args = ("--ckpt_path=checkpoints/best.ckpt", f"--data.root={tiny_demo}", "--data.num_workers=0")
+    result = run_here("project.evaluate", *args, "--trainer.enable_progress_bar=false", cwd=run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test/acc" in result.stdout.splitlines()[-1]
+    assert not (markers / "imported").exists()
+
+
+def test_a_run_config_starts_no_compiler_and_names_no_core_setting(tmp_path):
+    """`model.compile` would start torch.compile's compiler processes: the user's to ask for, never a run folder's;
+    of `data`, the core's settings and the task's decode bound stay the user's."""
+    from project.run_folder import rebuilt_sections
+
+    document = {
+        "model": {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"compile": True, "width": 8}},
+        "data": {
+            "class_path": "project.tasks.image.ImageShards",
+            "init_args": {"root": "x", "num_workers": 64, "max_image_pixels": 10**15, "image_size": 16},
+        },
+    }
+    kept = rebuilt_sections(document, tmp_path / "config.yaml")
+    assert kept["model"]["init_args"] == {"width": 8}
+    assert kept["data"]["init_args"] == {"image_size": 16}

@@ -147,3 +147,40 @@ def test_a_planted_ray_study_runs_nothing_without_resume_and_its_code_with_it(ti
     resumed = run_module("project.tune", *args, "--resume=true", cwd=tmp_path, timeout=300)
     assert marker.exists(), resumed.stderr[-3000:]
     assert "resuming experiment" in resumed.stderr and resumed.returncode != 0
+
+
+@pytest.mark.parametrize("backend", ["optuna", "ray"])
+def test_a_study_folder_with_trials_or_that_is_a_link_is_refused_before_a_trial_writes_through_it(
+    backend, tiny_demo, tmp_path
+):
+    """Without study.db or ray/, a stranger's folder would pass for a new study: its trial_0/checkpoints, a link,
+    would take the first trial's checkpoints elsewhere, and a study folder that is a link all of them."""
+    if backend == "ray":
+        pytest.importorskip("ray.tune", reason="Ray Tune is an extra (pip install -e '.[ray]')")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    planted = tmp_path / "logs" / "planted" / "trial_0"
+    planted.mkdir(parents=True)
+    (planted / "checkpoints").symlink_to(elsewhere)
+    (tmp_path / "logs" / "linked").symlink_to(elsewhere)
+    args = [f"--backend={backend}", "--n_trials=1", f"--search={write_search(tmp_path / 'search.yaml')}"]
+    args += [f"--data.root={tiny_demo}", *TINY]
+    for name, where in (("planted", "logs/planted/trial_0"), ("linked", "logs/linked")):
+        refused = run_here("project.tune", *args, f"--study_name={name}", cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert lines(refused.stderr) == [refusal(name, where)] and not refused.stdout
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in planted.parent.iterdir()) == ["trial_0"]
+
+
+@pytest.mark.parametrize("stored", [b"- a list\n", b"settings: [unclosed\n", b"\xff\xfe"])
+def test_a_resumed_ray_study_whose_settings_file_is_damaged_is_one_line(stored, tiny_demo, tmp_path):
+    pytest.importorskip("ray.tune", reason="Ray Tune is an extra (pip install -e '.[ray]')")
+    folder = tmp_path / "logs" / "damaged"
+    folder.mkdir(parents=True)
+    (folder / "ray_experiment.yaml").write_bytes(stored)
+    args = ["--backend=ray", "--n_trials=1", "--resume=true", "--study_name=damaged"]
+    args += [f"--search={write_search(tmp_path / 'search.yaml')}", f"--data.root={tiny_demo}", *TINY]
+    result = run_here("project.tune", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    said = "holds no experiment's settings: remove it, or pick another --study_name"
+    assert lines(result.stderr) == [f"error: logs/damaged/ray_experiment.yaml {said}"]

@@ -73,7 +73,7 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
     stored = folder / "ray_experiment.yaml"
     if not options.resume and (os.path.lexists(storage) or os.path.lexists(stored)):  # run.py said so first
         raise UserError(existing_study(folder.name, str(folder / "ray")))
-    if stored.is_file() and (previous := yaml.safe_load(stored.read_text())) != settings:
+    if stored.is_file() and (previous := stored_settings(stored)) != settings:
         changed = ", ".join(sorted(key for key in settings if previous.get(key) != settings[key]))
         raise UserError(
             f"experiment {folder.name} was started with other settings ({changed}): "
@@ -120,6 +120,17 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
     finally:
         ray.shutdown()
     return report_results(results, search, folder, metric, mode)
+
+
+def stored_settings(path: Path) -> dict:
+    """The settings the experiment was started with (ray_experiment.yaml); a file that holds none is one line."""
+    try:
+        previous = yaml.safe_load(path.read_bytes())
+    except (yaml.YAMLError, ValueError, RecursionError):
+        previous = None
+    if not isinstance(previous, dict):
+        raise UserError(f"{path} holds no experiment's settings: remove it, or pick another --study_name")
+    return previous
 
 
 def trial_error(error: BaseException) -> str:

@@ -109,7 +109,8 @@ def refuse_existing(options: SimpleNamespace, folder: Path, name: str) -> None:
     """Stop, in one line, where the study's folder already holds a study and --resume was not given.
 
     Ray's `Tuner.restore` unpickles the folder's tuner.pkl and trial states, so resuming runs whatever code
-    the folder's author put there; only its existence is looked at here (no file in it is opened). Optuna's
+    the folder's author put there; only its existence is looked at here (no file in it is opened), and whether
+    it is a link or holds trials' folders (a new study's trials would write through links left in them). Optuna's
     storage holds no pickles, but the one rule holds for both backends. A study in a --storage of the
     user's own is found by `open_study`, which asks that database."""
     if options.resume:
@@ -118,6 +119,9 @@ def refuse_existing(options: SimpleNamespace, folder: Path, name: str) -> None:
         found = [path for path in (folder / "ray", folder / "ray_experiment.yaml") if os.path.lexists(path)]
     else:
         found = [folder / "study.db"] if options.storage is None and os.path.lexists(folder / "study.db") else []
+    # a study folder that is a link, or trials' folders from before (only their names are listed): the new
+    # study's trials would write through the links a stranger left there (trial_0/checkpoints -> elsewhere)
+    found += [folder] if os.path.islink(folder) else sorted(folder.glob("trial_*"))[:1]
     if found:
         raise UserError(existing_study(name, str(found[0])))
 
