@@ -94,6 +94,19 @@ def tiny_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def small_run(root: Path, *extra: str) -> list[str]:
+    """A quick image run's flags on `root` (16 px, batches of 32, no workers, quiet), then `extra`."""
+    return [
+        f"--data.root={root}",
+        "--data.image_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        *extra,
+    ]
+
+
 def run_module(module: str, *args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `python -m module args` as a user would, capturing its output.
 

@@ -11,22 +11,10 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from .conftest import REPO, run_here, run_module
+from .conftest import REPO, run_here, run_module, small_run
 from .test_run_folders import record_run_config
 
 pytestmark = pytest.mark.slow
-
-
-def small_run(root: Path, *extra: str) -> list[str]:
-    return [
-        f"--data.root={root}",
-        "--data.image_size=16",
-        "--data.batch_size=32",
-        "--data.num_workers=0",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        *extra,
-    ]
 
 
 def assert_user_error(result, *fragments: str) -> None:

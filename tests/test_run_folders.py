@@ -24,7 +24,7 @@ from project.run_folder import (
     run_document,
 )
 
-from .conftest import run_here
+from .conftest import run_here, small_run
 
 EVIL_MODULE = """
 from pathlib import Path
@@ -49,18 +49,6 @@ def one_error_line(result) -> str:
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-2000:]
     return errors[0]
-
-
-def small_run(root: Path, *extra: str) -> list[str]:
-    return [
-        f"--data.root={root}",
-        "--data.image_size=16",
-        "--data.batch_size=32",
-        "--data.num_workers=0",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        *extra,
-    ]
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from project.data.shard_index import Shard, ShardIndex
 from project.shown import csv_cell, csv_value, shown
 from project.tasks.image.demo import make_demo
 
-from .conftest import run_here
+from .conftest import run_here, small_run
 
 # one hostile name per class of the demo's ten: markup, escape codes (7-bit and C1), a bidi override, a bell, DEL,
 # line breaks, and a last backslash (which rich's own escape would double)
@@ -111,15 +111,8 @@ def test_inspect_shows_hostile_class_names_and_keys_as_text(tmp_path):
 
 def test_train_and_evaluate_print_per_class_metrics_of_hostile_class_names_as_text(tmp_path, caplog):
     root = hostile_demo(tmp_path / "demo")
-    flags = [
-        f"--data.root={root}",
-        "--data.image_size=16",
-        "--data.batch_size=32",
-        "--data.num_workers=0",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--data.max_skipped_fraction=0.5",  # the broken image under a hostile key: skipped, and its warning shown
-    ]
+    # the broken image under a hostile key: skipped, and its warning shown
+    flags = small_run(root, "--data.max_skipped_fraction=0.5")
     train = run_here(
         "project.train", *flags, "--trainer.max_epochs=1", "--trainer.logger.init_args.name=hostile", cwd=tmp_path
     )

@@ -19,18 +19,8 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from .conftest import run_here, run_module
+from .test_tune import TINY
 
-TINY = [
-    "--data.image_size=16",
-    "--data.batch_size=32",
-    "--data.num_workers=0",
-    "--trainer.max_epochs=1",
-    "--trainer.limit_train_batches=2",
-    "--trainer.limit_val_batches=2",
-    "--trainer.num_sanity_val_steps=0",
-    "--trainer.enable_progress_bar=false",
-    "--trainer.enable_model_summary=false",
-]
 LR = {"model.lr": FloatDistribution(1e-3, 1e-2, log=True)}
 
 # the events through which Python code opens or lists a path, SQLite's connect among them
