@@ -389,6 +389,7 @@ def refused_in_a_child(call: str) -> str:
     return line
 
 
+@pytest.mark.slow  # a child process each, with a hang guard
 @pytest.mark.parametrize("name", BOMBS)
 def test_plain_data_that_would_cost_without_bound_is_refused_before_it_is_unpickled(last_checkpoint, tmp_path, name):
     place, ops, fragment = BOMBS[name]
@@ -435,6 +436,7 @@ def test_a_text_checkpoint_whose_tokenizer_hash_is_no_text_is_one_line():
         model.on_load_checkpoint({"hyper_parameters": {"tokenizer_hash": 12345}, "state_dict": {}})
 
 
+@pytest.mark.slow  # a child process, with a hang guard
 def test_a_model_folders_pickled_weights_that_would_cost_without_bound_are_refused(tmp_path, monkeypatch):
     """transformers unpickles a folder's pytorch_model.bin (weights_only) when it has no safetensors file: a dict
     key of 2^100 tuples in it hung model.pretrained's loading, hashed for ever."""

@@ -94,6 +94,7 @@ def test_proc_self_environ_is_a_regular_file_of_size_0_that_holds_the_environmen
     assert image_format(png(1)) == "png"
 
 
+@pytest.mark.slow  # prepare as a subprocess, with a planted token in its environment
 @needs_proc
 def test_prepare_skips_links_out_and_fifos_and_the_environment_never_reaches_a_shard(planted, tmp_path, monkeypatch):
     token = f"tok-{secrets.token_hex(8)}"
