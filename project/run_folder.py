@@ -29,7 +29,6 @@ import hashlib
 import importlib
 import inspect
 import os
-import reprlib
 import stat
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from project.class_strings import class_settings
 from project.data.private import private_folder
 from project.errors import UserError
 from project.redact import redact
+from project.shown import abbreviated
 
 RUN_CONFIG_KEY = "run_config_sha256"  # what a checkpoint records of its run's config.yaml
 MAX_CONFIG_BYTES = 1 << 20  # a run's config.yaml is a few KB
@@ -238,9 +238,7 @@ def where(at: tuple | None) -> str:
 
 def shown(value: Any) -> str:
     """A stranger's value for a message: a string as given, anything else two levels deep; 200 characters."""
-    brief = reprlib.Repr()
-    brief.maxlevel, brief.maxstring = 2, 100
-    return (value if isinstance(value, str) else brief.repr(value))[:200]
+    return value[:200] if isinstance(value, str) else abbreviated(value, 200, levels=2)
 
 
 def allowed_class(class_path: Any, named: set[str]) -> bool:

@@ -17,6 +17,8 @@ advice) on what a spreadsheet would run, taken off exactly when the project read
 from __future__ import annotations
 
 import re
+import reprlib
+from typing import Any
 
 from rich.markup import escape
 
@@ -67,3 +69,13 @@ def csv_value(cell: str) -> str:
     if cell.startswith(QUOTE) and cell[1:].startswith((*FORMULA_STARTS, QUOTE)):
         return cell[1:]
     return cell
+
+
+def abbreviated(value: Any, width: int = 60, levels: int = 3) -> str:
+    """A stranger's value for a message, in at most `width` characters: reprlib's abbreviation (`levels` deep, 6
+    items a level), as repr of a list nested 100,000 deep raises RecursionError, and of one whose items are one
+    list twice, 100 deep, never ends."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother, short.maxlong = levels, width, width, width
+    text = short.repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -14,7 +14,6 @@ checkpoint lacks, or one it has that the model does not, is one line naming it.
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,10 +22,9 @@ from lightning.pytorch.utilities.migration import migrate_checkpoint
 from packaging.version import InvalidVersion, Version
 
 from project.errors import UserError
+from project.shown import abbreviated
 
 VERSION_KEY = "pytorch-lightning_version"
-SHORT = reprlib.Repr()  # quoted's: 3 levels deep, 6 items a level, 60 characters a text
-SHORT.maxlevel, SHORT.maxstring, SHORT.maxother, SHORT.maxlong = 3, 60, 60, 60
 
 
 def checked_contents(checkpoint: Any, shown: str) -> dict:
@@ -139,7 +137,5 @@ def kind(error: BaseException) -> str:
 
 
 def quoted(value: Any) -> str:
-    """A stranger's value, shown in at most 60 characters: reprlib's abbreviation, as repr of a list nested
-    100,000 deep raises RecursionError, and of one whose items are one list twice, 100 deep, never ends."""
-    text = SHORT.repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A stranger's value, shown in at most 60 characters (`project.shown.abbreviated`)."""
+    return abbreviated(value)
