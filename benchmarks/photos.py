@@ -196,7 +196,7 @@ def build(out: Path, images: int = 3072, seed: int = 0, debs: Path | None = None
     write_pictures(sources, out / "pictures", images, seed)
     prepare(
         str(out / "pictures"),
-        out,
+        out=out,
         val_fraction=0,
         test_fraction=0,
         samples_per_shard=PER_SHARD,

@@ -69,7 +69,7 @@ def main() -> None:
             for name, (workers, dedup) in runs.items():
                 out = scratch / f"out-{repeat}"
                 images = str(scratch / "images")
-                times[name].append(timed(partial(prepare, images, out, workers=workers, quiet=True, dedup=dedup)))
+                times[name].append(timed(partial(prepare, images, out=out, workers=workers, quiet=True, dedup=dedup)))
                 shutil.rmtree(out)
             archive = scratch / f"plain-{repeat}.tar"
             command = ["tar", "-cf", str(archive), "images"]

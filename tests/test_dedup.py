@@ -160,7 +160,7 @@ def test_the_planted_set_is_found_at_the_target_precision_and_recall(tmp_path):
 
 def test_prepare_keeps_one_copy_of_each_group_and_no_test_copy_in_train(planted, tmp_path):
     root, truth = planted
-    result = prepare(str(root), tmp_path / "out", workers=2, quiet=True, dedup="near", samples_per_shard=40)
+    result = prepare(str(root), out=tmp_path / "out", workers=2, quiet=True, dedup="near", samples_per_shard=40)
     kept = keys_by_split(tmp_path / "out")
     group = group_of(truth)
     every = [key for keys in kept.values() for key in keys]
@@ -178,13 +178,13 @@ def test_prepare_keeps_one_copy_of_each_group_and_no_test_copy_in_train(planted,
         assert len({row["split"] for row in members}) == 1 and len({group[row["key"]] for row in members}) == 1
         kept_key = next(row["key"] for row in members if row["kept"] == "True")
         assert kept_key in kept[members[0]["split"]]
-    again = prepare(str(root), tmp_path / "again", workers=1, quiet=True, dedup="near", samples_per_shard=40)
+    again = prepare(str(root), out=tmp_path / "again", workers=1, quiet=True, dedup="near", samples_per_shard=40)
     assert keys_by_split(tmp_path / "again") == kept and again.duplicates == result.duplicates  # deterministic
 
 
 def test_exact_is_the_default_and_keeps_near_copies(planted, tmp_path):
     root, truth = planted
-    result = prepare(str(root), tmp_path / "out", workers=1, quiet=True)
+    result = prepare(str(root), out=tmp_path / "out", workers=1, quiet=True)
     assert result.duplicates == 40  # each original's byte-for-byte copy, and nothing else
     assert (
         result.dedup_lines[0]
@@ -195,9 +195,9 @@ def test_exact_is_the_default_and_keeps_near_copies(planted, tmp_path):
         )
         + ")"
     )
-    unique = prepare(str(root), tmp_path / "unique", workers=1, quiet=True, dedup="exact", test_fraction=0.5)
+    unique = prepare(str(root), out=tmp_path / "unique", workers=1, quiet=True, dedup="exact", test_fraction=0.5)
     assert unique.dedup_lines[0].startswith("dedup exact: removed 40")  # another split, the same groups
-    off = prepare(str(root), tmp_path / "off", workers=1, quiet=True, dedup="off")
+    off = prepare(str(root), out=tmp_path / "off", workers=1, quiet=True, dedup="off")
     assert off.duplicates == 0 and sum(len(k) for k in keys_by_split(tmp_path / "off").values()) == len(truth)
     assert not (tmp_path / "off" / "duplicates.csv").exists()
 
@@ -231,8 +231,8 @@ def test_text_near_duplicates_differ_in_case_and_spacing(tmp_path):
     with open(listing, "w", newline="") as stream:
         csv.writer(stream).writerows([("key", "text", "label"), *rows])
     only_train = {"workers": 1, "quiet": True, "val_fraction": 0, "test_fraction": 0}
-    exact = prepare(str(listing), tmp_path / "exact", **only_train)
-    near = prepare(str(listing), tmp_path / "near", dedup="near", **only_train)
+    exact = prepare(str(listing), out=tmp_path / "exact", **only_train)
+    near = prepare(str(listing), out=tmp_path / "near", dedup="near", **only_train)
     assert exact.duplicates == 1 and near.duplicates == 2
     assert sorted(keys_by_split(tmp_path / "near")["train"]) in (["a", "b", "c"], ["a2", "b", "c"])
     assert "group 0" in (tmp_path / "near" / "duplicates.txt").read_text()
@@ -240,13 +240,13 @@ def test_text_near_duplicates_differ_in_case_and_spacing(tmp_path):
 
 def test_a_run_started_again_reuses_the_hashes(planted, tmp_path, monkeypatch):
     root, _ = planted
-    first = prepare(str(root), tmp_path / "out", workers=1, quiet=True, dedup="near")
+    first = prepare(str(root), out=tmp_path / "out", workers=1, quiet=True, dedup="near")
 
     def no_hashing(job):  # noqa: ANN001, ANN202
         raise AssertionError("hashed again")
 
     monkeypatch.setattr(duplicates, "hash_job", no_hashing)
-    again = prepare(str(root), tmp_path / "out", workers=1, quiet=True, dedup="near")
+    again = prepare(str(root), out=tmp_path / "out", workers=1, quiet=True, dedup="near")
     assert again.duplicates == first.duplicates
     with pytest.raises(AssertionError, match="hashed again"):  # other records: the cache does not apply
         records = [Record("z", 0, "inline", (b"z",))]
@@ -256,9 +256,9 @@ def test_a_run_started_again_reuses_the_hashes(planted, tmp_path, monkeypatch):
 def test_parts_make_the_same_choices(planted, tmp_path):
     root, _ = planted
     settings = {"workers": 1, "quiet": True, "dedup": "near", "samples_per_shard": 20}
-    whole = prepare(str(root), tmp_path / "whole", **settings)
+    whole = prepare(str(root), out=tmp_path / "whole", **settings)
     for part in range(2):
-        prepare(str(root), tmp_path / "parts", part=(part, 2), **settings)
+        prepare(str(root), out=tmp_path / "parts", part=(part, 2), **settings)
     parts = sorted(s["__key__"] for path in (tmp_path / "parts").rglob("*.tar") for s in read_samples(str(path)))
     assert parts == sorted(key for keys in keys_by_split(tmp_path / "whole").values() for key in keys)
     assert whole.duplicates == 160
@@ -266,19 +266,23 @@ def test_parts_make_the_same_choices(planted, tmp_path):
 
 def test_inspect_finds_the_planted_leaks_and_fails_ci(planted, tmp_path):
     root, truth = planted
-    prepare(str(root), tmp_path / "raw", workers=1, quiet=True, dedup="off", samples_per_shard=50)
+    prepare(str(root), out=tmp_path / "raw", workers=1, quiet=True, dedup="off", samples_per_shard=50)
     kept = keys_by_split(tmp_path / "raw")
     group = group_of(truth)
     train_groups = {group[key] for key in kept["train"]}
     expected = {split: sum(group[key] in train_groups for key in kept[split]) for split in ("val", "test")}
     assert expected["val"] + expected["test"] > 10
-    found = run_here("project.shards.inspect", str(tmp_path / "raw"), "--leakage", "--fail-on-leakage", cwd=tmp_path)
+    found = run_here(
+        "project.shards.inspect", str(tmp_path / "raw"), "--leakage=true", "--fail_on_leakage=true", cwd=tmp_path
+    )
     assert found.returncode == 1, found.stderr
     for split in ("val", "test"):
         assert f"{split}: {expected[split]} of {len(kept[split])} samples duplicate train samples" in found.stdout
     assert "val/test samples duplicate train samples" in found.stderr
-    prepare(str(root), tmp_path / "clean", workers=1, quiet=True, dedup="near", samples_per_shard=50)
-    clean = run_here("project.shards.inspect", str(tmp_path / "clean"), "--leakage", "--fail-on-leakage", cwd=tmp_path)
+    prepare(str(root), out=tmp_path / "clean", workers=1, quiet=True, dedup="near", samples_per_shard=50)
+    clean = run_here(
+        "project.shards.inspect", str(tmp_path / "clean"), "--leakage=true", "--fail_on_leakage=true", cwd=tmp_path
+    )
     assert clean.returncode == 0, clean.stderr
     assert "val: 0 of" in clean.stdout and "test: 0 of" in clean.stdout
 
@@ -287,8 +291,8 @@ def test_inspect_finds_the_planted_leaks_and_fails_ci(planted, tmp_path):
     ("arguments", "message"),
     [
         (["--dedup", "fuzzy"], "Got value: fuzzy"),
-        (["--dedup", "near", "--near-distance", "40"], "--near_distance must be in 0..16"),
-        (["--dedup", "near", "--near-jaccard", "0"], "--near_jaccard must be in (0, 1]"),
+        (["--dedup", "near", "--near_distance", "40"], "--near_distance must be in 0..16"),
+        (["--dedup", "near", "--near_jaccard", "0"], "--near_jaccard must be in (0, 1]"),
     ],
 )
 def test_bad_dedup_settings_are_one_line_errors(planted, tmp_path, arguments, message):
@@ -304,14 +308,14 @@ def test_near_text_without_datasketch_says_what_to_install(tmp_path, monkeypatch
     listing.write_text("text,label\nhello there,a\nbye now,b\n")
     monkeypatch.setitem(sys.modules, "datasketch", None)
     with pytest.raises(UserError, match=r'needs datasketch: pip install -e "\.\[dedup\]"'):
-        prepare(str(listing), tmp_path / "out", quiet=True, dedup="near")
+        prepare(str(listing), out=tmp_path / "out", quiet=True, dedup="near")
     assert not (tmp_path / "out").exists()
 
 
 def test_leakage_needs_train_and_another_split(planted, tmp_path):
     root, _ = planted
-    prepare(str(root), tmp_path / "out", workers=1, quiet=True, val_fraction=0, test_fraction=0)
-    result = run_here("project.shards.inspect", str(tmp_path / "out" / "train"), "--leakage", cwd=tmp_path)
+    prepare(str(root), out=tmp_path / "out", workers=1, quiet=True, val_fraction=0, test_fraction=0)
+    result = run_here("project.shards.inspect", str(tmp_path / "out" / "train"), "--leakage", "true", cwd=tmp_path)
     assert result.returncode == 2 and "--leakage needs DIR/train and DIR/val or DIR/test" in result.stderr
 
 
@@ -380,6 +384,6 @@ def test_a_collection_without_duplicates_says_so(tmp_path):
     for i in range(6):
         (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
         (root / f"c{i % 2}" / f"{i}.png").write_bytes(_png(i))
-    result = prepare(str(root), tmp_path / "out", workers=1, quiet=True, val_fraction=0, test_fraction=0)
+    result = prepare(str(root), out=tmp_path / "out", workers=1, quiet=True, val_fraction=0, test_fraction=0)
     assert result.dedup_lines == ["dedup exact: no duplicates"] and result.duplicates == 0
     assert _rows(tmp_path / "out") == [] and not (tmp_path / "out" / "duplicates.png").exists()

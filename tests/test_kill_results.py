@@ -54,7 +54,7 @@ def kill_points(count: int, every_after: bool = True) -> list[tuple[int, str]]:
     return [(n, "torn") for n in range(1, count + 1)] + [(n, "after") for n in after]
 
 
-def killed(module: str, args: list[str], cwd: Path, log: Path, at: int, mode: str = "torn", timeout: int = 300):
+def killed(module: str, args: list[str], cwd: Path, log: Path, at: int, *, mode: str = "torn", timeout: int = 300):
     """`python -m module args` in `cwd`, in a session of its own, counting its writes in `log` and SIGKILLing
     its process group at write `at` (0: never)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **environment(log, at, mode)}
@@ -102,14 +102,14 @@ def images(tmp_path_factory) -> Path:
 
 
 def prepare_args(images: Path, out: Path, workers: int = 1) -> list[str]:
-    return [str(images), f"--out={out}", "--samples-per-shard=8", f"--workers={workers}"]
+    return [str(images), f"--out={out}", "--samples_per_shard=8", f"--workers={workers}"]
 
 
 @pytest.fixture(scope="module")
 def prepared(images, tmp_path_factory) -> Path:
     """The uninterrupted prepare."""
     out = tmp_path_factory.mktemp("prepared") / "out"
-    prepare(str(images), out, samples_per_shard=8, workers=1, quiet=True)
+    prepare(str(images), out=out, samples_per_shard=8, workers=1, quiet=True)
     return out
 
 
@@ -149,7 +149,7 @@ def test_a_killed_prepare_leaves_whole_results_and_finishes_when_run_again(image
     after its last write."""
 
     def run(out: Path):
-        return lambda: prepare(str(images), out, samples_per_shard=8, workers=1, quiet=True)
+        return lambda: prepare(str(images), out=out, samples_per_shard=8, workers=1, quiet=True)
 
     count = tmp_path / "count.log"
     assert in_fork(run(tmp_path / "count"), count, 0) == 0, Path(f"{count}.err").read_text()
@@ -169,7 +169,7 @@ def test_prepare_killed_at_every_write_leaves_whole_results_and_finishes_when_ru
     """Every write, torn and after, in a forked child (one process: the writes in a fixed order)."""
 
     def run(out: Path):
-        return lambda: prepare(str(images), out, samples_per_shard=8, workers=1, quiet=True)
+        return lambda: prepare(str(images), out=out, samples_per_shard=8, workers=1, quiet=True)
 
     count = tmp_path / "count.log"
     assert in_fork(run(tmp_path / "count"), count, 0) == 0, Path(f"{count}.err").read_text()
@@ -268,7 +268,7 @@ def test_predict_killed_at_every_write_leaves_whole_results_and_finishes_with_th
     assert len(reference) == 24 and sum(path.endswith("rank-0.json") for path in writes(count)) == 4, writes(count)
     for at, mode in kill_points(len(writes(count)), every_after=False):
         folder, log = tmp_path / f"{mode}{at}", tmp_path / f"{mode}{at}.log"
-        assert_killed(killed("project.predict", args, folder, log, at, mode), log, at)
+        assert_killed(killed("project.predict", args, folder, log, at, mode=mode), log, at)
         check_predicted(folder, reference)
         again = run_here("project.predict", *args, cwd=folder)
         assert again.returncode == 0, again.stderr[-3000:]
@@ -344,7 +344,7 @@ def test_export_killed_at_every_write_leaves_whole_models_and_report(checkpoint,
     points = kill_points(len(names), every_after=False) if form == "onnx" else [(1, "torn")]
     for at, mode in points:
         folder, log = tmp_path / f"{mode}{at}", tmp_path / f"{mode}{at}.log"
-        assert_killed(killed("project.export", args, folder, log, at, mode), log, at)
+        assert_killed(killed("project.export", args, folder, log, at, mode=mode), log, at)
         check_exported(folder, reference)
         again = run_here("project.export", *args, cwd=folder)
         assert again.returncode == 0, again.stderr[-3000:]
@@ -408,7 +408,7 @@ def test_tune_killed_at_every_write_leaves_whole_results_and_finishes_with_a_bes
     assert writes(count)[-1].endswith("best.yaml"), writes(count)
     for at, mode in kill_points(len(writes(count)), every_after=False):
         folder, log = tmp_path / f"{mode}{at}", tmp_path / f"{mode}{at}.log"
-        assert_killed(killed("project.tune", args, folder, log, at, mode), log, at)
+        assert_killed(killed("project.tune", args, folder, log, at, mode=mode), log, at)
         check_tuned(folder, reference)
         again = run_here("project.tune", *args, "--resume=true", cwd=folder)
         assert again.returncode == 0, again.stderr[-3000:]

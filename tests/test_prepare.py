@@ -75,14 +75,15 @@ def assert_round_trip(out: Path, expected: dict[str, tuple[bytes, int]]) -> dict
 
 def test_image_folder_round_trip_is_stratified_deterministic_and_byte_exact(image_folder, tmp_path):
     root, expected = image_folder
-    prepare(str(root), tmp_path / "a", val_fraction=0.2, test_fraction=0.2, samples_per_shard=7, workers=2, quiet=True)
+    options = dict(val_fraction=0.2, test_fraction=0.2, samples_per_shard=7, quiet=True)
+    prepare(str(root), out=tmp_path / "a", workers=2, **options)
     splits = assert_round_trip(tmp_path / "a", expected)
     for split, share in (("val", 2), ("test", 2), ("train", 6)):  # of each class's 10
         assert Counter(label for _, label in splits[split].values()) == {0: share, 1: share, 2: share}
     written = json.loads((tmp_path / "a" / "train" / "shardindex.json").read_text())
     assert written["classes"] == CLASSES
     assert written["shuffled_before_sharding"] is True  # so training reads its shards without interleaving
-    prepare(str(root), tmp_path / "b", val_fraction=0.2, test_fraction=0.2, samples_per_shard=7, workers=1, quiet=True)
+    prepare(str(root), out=tmp_path / "b", workers=1, **options)
     for split in ("train", "val", "test"):  # same seed: the same bytes, whatever the workers
         first, second = (sorted((tmp_path / run / split).glob("*.tar")) for run in ("a", "b"))
         assert [p.read_bytes() for p in first] == [p.read_bytes() for p in second]
@@ -97,7 +98,7 @@ def test_listings_round_trip(image_folder, tmp_path, kind):
         listing.write_text("path,label\n" + "".join(f"{path},{label}\n" for path, label in rows))
     else:
         listing.write_text("".join(json.dumps({"path": path, "label": label}) + "\n" for path, label in rows))
-    prepare(str(listing), tmp_path / "out", workers=1, samples_per_shard=9, quiet=True)
+    prepare(str(listing), out=tmp_path / "out", workers=1, samples_per_shard=9, quiet=True)
     assert_round_trip(tmp_path / "out", expected)
 
 
@@ -121,7 +122,7 @@ def test_torchvision_dataset_from_a_local_root(tmp_path):
         write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels[prefix])
     prepare(
         "torchvision:MNIST",
-        tmp_path / "out",
+        out=tmp_path / "out",
         val_fraction=0.2,
         workers=1,
         quiet=True,
@@ -138,18 +139,18 @@ def test_torchvision_dataset_from_a_local_root(tmp_path):
 
 def test_existing_shards_can_be_re_split(image_folder, tmp_path):
     root, expected = image_folder
-    prepare(str(root), tmp_path / "first", test_fraction=0.0, val_fraction=0.0, samples_per_shard=100, quiet=True)
-    prepare(str(tmp_path / "first" / "train"), tmp_path / "second", samples_per_shard=8, quiet=True, workers=1)
+    prepare(str(root), out=tmp_path / "first", test_fraction=0.0, val_fraction=0.0, samples_per_shard=100, quiet=True)
+    prepare(str(tmp_path / "first" / "train"), out=tmp_path / "second", samples_per_shard=8, quiet=True, workers=1)
     assert_round_trip(tmp_path / "second", expected)
 
 
 def test_parts_are_disjoint_and_merge_to_the_whole(image_folder, tmp_path):
     root, expected = image_folder
     options = dict(val_fraction=0.2, test_fraction=0.2, samples_per_shard=4, workers=1, quiet=True)
-    prepare(str(root), tmp_path / "whole", **options)
-    parts = [prepare(str(root), tmp_path / "parts", part=(i, 2), **options) for i in range(2)]
+    prepare(str(root), out=tmp_path / "whole", **options)
+    parts = [prepare(str(root), out=tmp_path / "parts", part=(i, 2), **options) for i in range(2)]
     for split in ("train", "val", "test"):
-        names = [{Path(s.url).name for s in part[split]} for part in parts]
+        names = [{Path(s.url).name for s in part.shards[split]} for part in parts]
         assert not names[0] & names[1]
         part_indexes = sorted(str(p) for p in (tmp_path / "parts" / split).glob("shardindex.part-*.json"))
         merged, problems = build_index(part_indexes, tmp_path / "parts" / split / "shardindex.json")
@@ -161,7 +162,7 @@ def test_parts_are_disjoint_and_merge_to_the_whole(image_folder, tmp_path):
 def test_a_restart_keeps_finished_shards_and_redoes_the_rest(image_folder, tmp_path):
     root, expected = image_folder
     out = tmp_path / "out"
-    prepare(str(root), out, samples_per_shard=4, workers=1, quiet=True)
+    prepare(str(root), out=out, samples_per_shard=4, workers=1, quiet=True)
     shards = sorted((out / "train").glob("*.tar"))
     kept, lost = shards[0], shards[1]
     kept_time = kept.stat().st_mtime_ns
@@ -169,14 +170,42 @@ def test_a_restart_keeps_finished_shards_and_redoes_the_rest(image_folder, tmp_p
     dead = lost.with_name(f".{lost.name}~{socket.gethostname()}~{2**22 + 1}~abcd{PARTIAL}")  # a dead writer's
     dead.write_bytes(lost.name.encode())  # ... in the middle of writing it
     (out / "train" / "shardindex.json").unlink()
-    prepare(str(root), out, samples_per_shard=4, workers=2, quiet=True)
+    prepare(str(root), out=out, samples_per_shard=4, workers=2, quiet=True)
     assert kept.stat().st_mtime_ns == kept_time, "a finished shard was rewritten"
     assert lost.exists()
     assert_round_trip(out, expected)
     assert not list((out / "train").glob(f".*{PARTIAL}*")), "a half-written shard was left behind"
-    args = [str(root), "--out", str(out), "--samples-per-shard", "4", "--seed", "5"]
+    args = [str(root), "--out", str(out), "--samples_per_shard", "4", "--seed", "5"]
     result = run_here("project.shards.prepare", *args, cwd=tmp_path)
     assert result.returncode == 2 and "holds a prepare run with other settings (seed)" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--val_fraction=0.6", "--test_fraction=0.5"], "--val_fraction and --test_fraction must be in [0, 1)"),
+        (["--part=2/2"], "--part 2/2: I must be in 0..N-1"),
+        (["--part=half"], "--part: expected I/N such as 0/8, got 'half'"),
+        (["--dedup=near", "--near_distance=40"], "--near_distance must be in 0..16"),
+    ],
+)
+def test_bad_options_are_one_line_naming_their_flag_and_write_nothing(image_folder, tmp_path, arguments, message):
+    root, _ = image_folder
+    result = run_here("project.shards.prepare", str(root), f"--out={tmp_path / 'out'}", *arguments, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {message}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_part_given_as_i_of_n_on_the_command_line_writes_its_shards_and_a_part_index(image_folder, tmp_path):
+    root, _ = image_folder
+    out = tmp_path / "out"
+    args = [str(root), f"--out={out}", "--part=1/2", "--samples_per_shard=4", "--workers=1", "--quiet=true"]
+    result = run_here("project.shards.prepare", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    # 8 shards, in split order: train's 6 (24 samples), val's and test's 1 (3 each); this part writes every other
+    assert sorted(p.name for p in (out / "train").glob("*.tar")) == [f"train-00000{n}.tar" for n in (1, 3, 5)]
+    assert (out / "train" / "shardindex.part-1-of-2.json").exists() and not (out / "train" / "shardindex.json").exists()
+    assert result.stdout.splitlines()[-1] == f"wrote {out}: train 12, val 0, test 3 samples"
 
 
 def gnu_tar_folder(folder: Path, label_kind: str) -> list[str]:
@@ -264,9 +293,9 @@ def test_other_image_modes_and_sizes_train_and_inspect(tmp_path):
         str(tmp_path / "out"),
         "--workers",
         "1",
-        "--val-fraction",
+        "--val_fraction",
         "0.25",
-        "--test-fraction",
+        "--test_fraction",
         "0.25",
         cwd=tmp_path,
     )

@@ -68,12 +68,12 @@ def index_classes_of(out: Path) -> list[str]:
 def test_csv_with_named_labels_round_trips(tmp_path):
     rows = texts()
     listing = write_csv(tmp_path / "data.csv", ["text", "label"], [list(row) for row in rows])
-    result = prepare(str(listing), tmp_path / "out", val_fraction=0.2, samples_per_shard=7, workers=1, quiet=True)
+    result = prepare(str(listing), out=tmp_path / "out", val_fraction=0.2, samples_per_shard=7, workers=1, quiet=True)
     assert result.text and result.bad_rows == 0 and result.skipped == []
     expected = {f"data/{n:08d}": (text, CLASSES.index(name)) for n, (text, name) in enumerate(rows, 1)}
     assert merged(tmp_path / "out") == expected
     assert index_classes_of(tmp_path / "out") == CLASSES
-    assert [len(result[split]) for split in SPLITS] == [3, 1, 1]  # 24, 6 and 3 samples, 7 a shard
+    assert [len(result.shards[split]) for split in SPLITS] == [3, 1, 1]  # 24, 6 and 3 samples, 7 a shard
     manifest = json.loads((tmp_path / "out" / ".prepare.json").read_text())
     assert manifest["text"] is True and manifest["text_column"] == "text" and manifest["label_column"] == "label"
 
@@ -81,7 +81,7 @@ def test_csv_with_named_labels_round_trips(tmp_path):
 def test_csv_with_integer_labels_and_other_columns(tmp_path):
     rows = [[f"review {i}", i % 4, "ignored"] for i in range(12)]
     listing = write_csv(tmp_path / "reviews.csv", ["body", "stars", "extra"], rows)
-    prepare(str(listing), tmp_path / "out", workers=1, quiet=True, text_column="body", label_column="stars")
+    prepare(str(listing), out=tmp_path / "out", workers=1, quiet=True, text_column="body", label_column="stars")
     assert merged(tmp_path / "out") == {f"reviews/{i + 1:08d}": (f"review {i}", i % 4) for i in range(12)}
     assert index_classes_of(tmp_path / "out") == ["0", "1", "2", "3"]
 
@@ -91,7 +91,7 @@ def test_jsonl_with_an_id_column(tmp_path):
     lines = [json.dumps({"id": f"doc.{i}", "text": text, "label": name}) for i, (text, name) in enumerate(rows)]
     listing = tmp_path / "docs.jsonl"
     listing.write_text("\n".join(lines[:6]) + "\n\n" + "\n".join(lines[6:]) + "\n", encoding="utf-8")
-    result = prepare(str(listing), tmp_path / "out", workers=1, quiet=True)
+    result = prepare(str(listing), out=tmp_path / "out", workers=1, quiet=True)
     assert result.bad_rows == 0
     assert merged(tmp_path / "out") == {f"doc_{i}": (text, CLASSES.index(name)) for i, (text, name) in enumerate(rows)}
 
@@ -99,7 +99,7 @@ def test_jsonl_with_an_id_column(tmp_path):
 def test_duplicate_keys_are_one_line_error(tmp_path):
     listing = write_csv(tmp_path / "data.csv", ["key", "text", "label"], [["a.b", "one", 0], ["a_b", "two", 1]])
     with pytest.raises(UserError, match=r"row 2: key 'a_b' \(its 'key'\) is also the key of row 1; keys must be"):
-        prepare(str(listing), tmp_path / "out", workers=1, quiet=True)
+        prepare(str(listing), out=tmp_path / "out", workers=1, quiet=True)
 
 
 def test_folder_tree_of_texts(tmp_path):
@@ -115,7 +115,7 @@ def test_folder_tree_of_texts(tmp_path):
     (root / "pos" / "broken.txt").write_bytes(b"caf\xe9")
     (root / "neg" / "empty.txt").write_text(" \n\t")
     assert is_text(str(root))
-    result = prepare(str(root), tmp_path / "out", workers=1, samples_per_shard=4, quiet=True)
+    result = prepare(str(root), out=tmp_path / "out", workers=1, samples_per_shard=4, quiet=True)
     assert merged(tmp_path / "out") == expected
     assert index_classes_of(tmp_path / "out") == CLASSES
     assert sorted(result.skipped) == [
@@ -133,9 +133,9 @@ def write_text_shard(path: Path, samples: list[tuple[str, bytes, bytes | None]])
 
 def test_text_shards_are_re_sharded(tmp_path):
     listing = write_csv(tmp_path / "data.csv", ["text", "label"], [list(row) for row in texts(20)])
-    prepare(str(listing), tmp_path / "first", val_fraction=0, test_fraction=0, samples_per_shard=100, quiet=True)
+    prepare(str(listing), out=tmp_path / "first", val_fraction=0, test_fraction=0, samples_per_shard=100, quiet=True)
     assert is_text(str(tmp_path / "first" / "train"))
-    prepare(str(tmp_path / "first" / "train"), tmp_path / "second", samples_per_shard=6, workers=1, quiet=True)
+    prepare(str(tmp_path / "first" / "train"), out=tmp_path / "second", samples_per_shard=6, workers=1, quiet=True)
     assert merged(tmp_path / "second") == merged(tmp_path / "first")
     assert index_classes_of(tmp_path / "second") == CLASSES
 
@@ -147,7 +147,7 @@ def test_text_shards_with_class_names_and_bad_samples(tmp_path):
     samples += [("nolabel", b"a text", None), ("badtext", b"\xff\xfe", b"pos"), ("unknown", b"hi", b"cat")]
     shard = write_text_shard(named / "a.tar", samples)
     write_index(named / INDEX_NAME, [shard], extra={"classes": list(reversed(CLASSES))})  # names -> indexes
-    result = prepare(str(named), tmp_path / "out", workers=1, quiet=True)
+    result = prepare(str(named), out=tmp_path / "out", workers=1, quiet=True)
     expected = {f"s{i}": (f"text {i}", 2 - i % 3) for i in range(9)}
     assert merged(tmp_path / "out") == expected
     assert index_classes_of(tmp_path / "out") == list(reversed(CLASSES))
@@ -159,7 +159,7 @@ def test_text_shards_with_class_names_and_bad_samples(tmp_path):
     plain = tmp_path / "plain"  # no index: class names sort
     plain.mkdir()
     write_text_shard(plain / "b.tar", [(f"t{i}", b"words", CLASSES[i % 3].encode()) for i in range(6)])
-    prepare(str(plain), tmp_path / "out2", workers=1, quiet=True)
+    prepare(str(plain), out=tmp_path / "out2", workers=1, quiet=True)
     assert index_classes_of(tmp_path / "out2") == CLASSES
 
 
@@ -168,7 +168,7 @@ def test_bad_rows_are_skipped_named_and_counted(tmp_path, capsys):
     good = [f"good text {i},{CLASSES[i % 3]}\n".encode() for i in range(9)]
     bad = [b"caf\xe9 au lait,pos\n", b"   ,neg\n", b"no label here,\n"]
     listing.write_bytes(b"text,label\n" + b"".join(good[:3] + bad[:1] + good[3:6] + bad[1:] + good[6:]))
-    result = prepare(str(listing), tmp_path / "out", workers=1, quiet=True)
+    result = prepare(str(listing), out=tmp_path / "out", workers=1, quiet=True)
     assert result.bad_rows == 3 and capsys.readouterr().err == ""
     assert result.skipped == [
         f"skipped {listing} row 4: not valid UTF-8",
@@ -194,7 +194,7 @@ def test_bad_jsonl_lines_are_skipped_not_fatal(tmp_path):
     lines[3] = b"{not json"
     lines[4] = b'{"text": "fine", "label": ""}'
     listing.write_bytes(b"\n".join([*lines, b"[1, 2]", b'{"label": 1}']) + b"\n")
-    result = prepare(str(listing), tmp_path / "out", workers=1, quiet=True)
+    result = prepare(str(listing), out=tmp_path / "out", workers=1, quiet=True)
     assert result.skipped == [
         f"skipped {listing} line {n}: {why}"
         for n, why in [
@@ -211,19 +211,19 @@ def test_bad_jsonl_lines_are_skipped_not_fatal(tmp_path):
 def test_a_missing_column_names_the_columns_found(tmp_path):
     listing = write_csv(tmp_path / "data.csv", ["body", "label"], [["x", 0]])
     with pytest.raises(UserError) as caught:
-        prepare(str(listing), tmp_path / "out", text=True, quiet=True)
-    assert str(caught.value) == f"{listing} has no 'text' column (found: body, label); set --text-column"
-    with pytest.raises(UserError, match=r"has no 'y' column \(found: body, label\); set --label-column$"):
-        prepare(str(listing), tmp_path / "out", quiet=True, text_column="body", label_column="y")
+        prepare(str(listing), out=tmp_path / "out", text=True, quiet=True)
+    assert str(caught.value) == f"{listing} has no 'text' column (found: body, label); set --text_column"
+    with pytest.raises(UserError, match=r"has no 'y' column \(found: body, label\); set --label_column$"):
+        prepare(str(listing), out=tmp_path / "out", quiet=True, text_column="body", label_column="y")
     cli = run_here("project.shards.prepare", str(listing), "--out", str(tmp_path / "cli"), cwd=tmp_path)
     assert cli.returncode == 2 and cli.stderr.strip().splitlines() == [
         f"error: {listing} has no 'path' column (images) and no 'text' column (text) (found: body, label); "
-        "set --text-column"
+        "set --text_column"
     ]
     jsonl = tmp_path / "data.jsonl"
     jsonl.write_text(json.dumps({"body": "x", "label": 0}) + "\n")
     with pytest.raises(UserError, match=r"data.jsonl has no 'text' column \(found: body, label\)"):
-        prepare(str(jsonl), tmp_path / "out", text=True, quiet=True)
+        prepare(str(jsonl), out=tmp_path / "out", text=True, quiet=True)
 
 
 def test_detection_tells_text_from_images(tmp_path):
@@ -239,7 +239,7 @@ def test_detection_tells_text_from_images(tmp_path):
         [[f"{CLASSES[i % 2]}/{i}.jpg", "caption", CLASSES[i % 2]] for i in range(6)],
     )
     assert not is_text(str(listing))
-    result = prepare(str(listing), tmp_path / "out", workers=1, quiet=True)  # an image listing, as before
+    result = prepare(str(listing), out=tmp_path / "out", workers=1, quiet=True)  # an image listing, as before
     assert not result.text and result.bad_rows == 0
     members = {
         ext
@@ -256,7 +256,7 @@ def test_detection_tells_text_from_images(tmp_path):
         for i in range(4):
             writer.write({"__key__": f"k{i}", "jpg": jpeg(i), "txt": CLASSES[i % 2].encode()})
     assert not is_text(str(image_shards))
-    prepare(str(image_shards), tmp_path / "resharded", workers=1, quiet=True)
+    prepare(str(image_shards), out=tmp_path / "resharded", workers=1, quiet=True)
     assert index_classes_of(tmp_path / "resharded") == CLASSES[:2]
     text_listing = write_csv(tmp_path / "t.csv", ["text", "label"], [["words", 1]])
     assert is_text(str(text_listing))
@@ -265,7 +265,7 @@ def test_detection_tells_text_from_images(tmp_path):
 def test_resize_or_format_with_text_is_one_line_error(tmp_path):
     listing = write_csv(tmp_path / "data.csv", ["text", "label"], [["words", 1]])
     with pytest.raises(UserError, match="--resize and --format re-encode images"):
-        prepare(str(listing), tmp_path / "out", resize=32, quiet=True)
+        prepare(str(listing), out=tmp_path / "out", resize=32, quiet=True)
     cli = run_here(
         "project.shards.prepare", str(listing), "--out", str(tmp_path / "o"), "--format", "png", cwd=tmp_path
     )
@@ -276,7 +276,7 @@ def test_a_restart_keeps_finished_text_shards(tmp_path):
     rows = [[text, name, name] for text, name in texts(30)] + [["", "pos", "pos"]]  # a bad row, reported by each run
     listing = write_csv(tmp_path / "data.csv", ["text", "label", "same"], rows)
     out = tmp_path / "out"
-    first = prepare(str(listing), out, samples_per_shard=4, workers=1, quiet=True)
+    first = prepare(str(listing), out=out, samples_per_shard=4, workers=1, quiet=True)
     before = merged(out)
     shards = sorted((out / "train").glob("*.tar"))
     kept, lost = shards[0], shards[1:4]
@@ -285,13 +285,13 @@ def test_a_restart_keeps_finished_text_shards(tmp_path):
         shard.unlink()
     lost[0].with_name(f".{lost[0].name}~{socket.gethostname()}~{2**22 + 1}~abcd{PARTIAL}").write_bytes(b"half")
     (out / "train" / INDEX_NAME).unlink()
-    second = prepare(str(listing), out, samples_per_shard=4, workers=2, quiet=True)
+    second = prepare(str(listing), out=out, samples_per_shard=4, workers=2, quiet=True)
     assert kept.stat().st_mtime_ns == kept_time, "a finished shard was rewritten"
     assert all(shard.exists() for shard in lost) and not list((out / "train").glob(f".*{PARTIAL}*"))
     assert merged(out) == before  # read_back also checks the index's counts against the shards
     assert first.bad_rows == second.bad_rows == 1
     with pytest.raises(UserError, match=r"other settings \(label_column\)"):  # text settings are in the manifest
-        prepare(str(listing), out, samples_per_shard=4, quiet=True, label_column="same")
+        prepare(str(listing), out=out, samples_per_shard=4, quiet=True, label_column="same")
 
 
 def test_index_counts_text_shards_made_elsewhere_and_lists_bad_texts(tmp_path):
@@ -316,7 +316,7 @@ def test_index_counts_text_shards_made_elsewhere_and_lists_bad_texts(tmp_path):
 
 def test_inspect_shows_text_lengths_and_the_first_texts(tmp_path):
     source = write_csv(tmp_path / "t.csv", ["text", "label"], [[f"review {i} {'word ' * i}", "pos"] for i in range(20)])
-    prepare(str(source), tmp_path / "out", workers=1, quiet=True)
+    prepare(str(source), out=tmp_path / "out", workers=1, quiet=True)
     inspected = run_here("project.shards.inspect", str(tmp_path / "out" / "train"), cwd=tmp_path)
     assert inspected.returncode == 0, inspected.stderr
     assert "text lengths in characters: median" in inspected.stdout

@@ -1,35 +1,161 @@
-"""What a `prepare` run wrote and skipped, its summary line, and the check of its output folder."""
+"""What a `prepare` run is asked (`PrepareOptions`, its command line; the manifest, the settings it shares with
+every run into its OUT) and what it produced (`Prepared`, its summary line), and the check of its output folder."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
+from project.data.atomic import write_json_atomically
 from project.data.paths import check_output
 from project.data.shard_index import Shard
+from project.errors import UserError
+from project.redact import redact
+from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
+from project.shards.duplicates import check_dedup
+
+MANIFEST = ".prepare.json"  # the settings of the run that wrote OUT
 
 
-class Prepared(dict):
-    """{split: [Shard, ...]}: the shards this part wrote, the lines about the bad rows skipped (text), and
-    the duplicates removed with the report's lines about them (empty with --dedup off, or on a --part > 0).
-    `left_out` holds a line for each file of an image folder or listing skipped before it was read: a link out
-    of the source, a FIFO, a device, a folder where a file was expected (a text source's are bad rows)."""
+@dataclass(frozen=True, kw_only=True)
+class PrepareOptions:
+    """The options of a prepare run; checked when made, each wrong one a line naming its flag.
 
-    def __init__(
-        self,
-        shards: dict[str, list[Shard]],
-        skipped: list[str] | None = None,
-        text: bool = False,
-        duplicates: int = 0,
-        dedup_lines: list[str] | None = None,
-        left_out: list[str] | None = None,
-    ):
-        super().__init__(shards)
-        self.skipped = list(skipped or [])
-        self.text = text
-        self.duplicates = duplicates
-        self.dedup_lines = list(dedup_lines or [])
-        self.left_out = list(left_out or [])
+    Args:
+        source: an image or text folder (SOURCE/<class>/...), a .csv/.jsonl listing, tar shards, or
+            torchvision:NAME.
+        out: the output folder: train/, val/ and test/ go here.
+        val_fraction: the share of each class for val.
+        test_fraction: the share of each class for test.
+        samples_per_shard: samples per shard.
+        shard_size: bytes per shard, at most (no limit by default).
+        workers: processes that hash and write.
+        seed: seed of the split and the shuffle.
+        part: write part I of N ("I/N", for a job array).
+        resize: re-encode images with the shorter side this size.
+        format: re-encode images as this.
+        download: download a torchvision dataset.
+        quiet: no progress bars or lines about skipped rows.
+        torchvision_root: torchvision datasets' root.
+        text: the source holds texts (by default, told by its content).
+        text_column: a text listing's column of texts.
+        label_column: a text listing's column of labels.
+        dedup: remove exact copies (exact), also near copies (near: re-encoded, resized or cropped images,
+            texts differing in case, spacing or a few characters), or none (off).
+        near_distance: images: the most differing pHash bits (of 64) of a near copy.
+        near_jaccard: texts: the least Jaccard similarity of a near copy.
+    """
+
+    source: str
+    out: Path
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    samples_per_shard: int = 1000
+    shard_size: int | None = None
+    workers: int = 1
+    seed: int = 0
+    part: tuple[int, int] | str = (0, 1)
+    resize: int | None = None
+    format: Literal["jpg", "png", "webp"] | None = None
+    download: bool = False
+    quiet: bool = False
+    torchvision_root: str = "data/torchvision"
+    text: bool = False
+    text_column: str = "text"
+    label_column: str = "label"
+    dedup: Literal["exact", "near", "off"] = "exact"
+    near_distance: int = DEFAULT_NEAR_DISTANCE
+    near_jaccard: float = DEFAULT_NEAR_JACCARD
+
+    def __post_init__(self) -> None:
+        # the command line gives `out` as text and `part` as "I/N"; the steps read a Path and (I, N)
+        object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "part", parse_part(self.part) if isinstance(self.part, str) else tuple(self.part))
+        check_dedup(self.dedup, self.near_distance, self.near_jaccard)
+        val, test = self.val_fraction, self.test_fraction
+        if not (0 <= val < 1 and 0 <= test < 1 and val + test < 1):
+            raise UserError("--val_fraction and --test_fraction must be in [0, 1) and add up to less than 1")
+        index, count = self.part
+        if not 0 <= index < count:
+            raise UserError(f"--part {index}/{count}: I must be in 0..N-1")
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """`--part I/N` as (I, N)."""
+    try:
+        index, count = (int(value) for value in text.split("/"))
+    except ValueError:
+        raise UserError(f"--part: expected I/N such as 0/8, got {text!r}") from None
+    return index, count
+
+
+def manifest(options: PrepareOptions) -> dict[str, Any]:
+    """The settings that decide the shards' bytes, which every run into one OUT must share."""
+    settings = {
+        "source": redact(options.source),  # the manifest lies beside the shards, which get shared
+        "val_fraction": options.val_fraction,
+        "test_fraction": options.test_fraction,
+        "samples_per_shard": options.samples_per_shard,
+        "shard_size": options.shard_size,
+        "seed": options.seed,
+        "resize": options.resize,
+        "format": options.format,
+        "parts": options.part[1],
+    }
+    if options.text:  # only for text, so that an image run of an earlier version still resumes
+        settings.update(text=True, text_column=options.text_column, label_column=options.label_column)
+    if options.dedup != "off":  # a run of an earlier version, without dedup, is a run with --dedup off
+        settings["dedup"] = options.dedup
+    if options.dedup == "near" and options.text:
+        settings["near_jaccard"] = options.near_jaccard
+    elif options.dedup == "near":
+        settings["near_distance"] = options.near_distance
+    return settings
+
+
+def check_manifest(out: Path, settings: dict[str, Any]) -> None:
+    """A second run into the same folder must use the same settings, or finished shards would differ; the
+    first writes them."""
+    path = out / MANIFEST
+    if not path.exists():
+        write_json_atomically(path, settings)
+        return
+    try:
+        previous = json.loads(path.read_text())
+    except (ValueError, OSError) as error:
+        raise UserError(f"{path} is not a prepare manifest ({error}): delete {out} to start over") from None
+    if not isinstance(previous, dict):
+        raise UserError(f"{path} is not a prepare manifest: delete {out} to start over")
+    if previous != settings:
+        changed = sorted(key for key in settings if previous.get(key) != settings[key])
+        raise UserError(
+            f"{out} holds a prepare run with other settings ({', '.join(changed)}): use another --out, or delete it"
+        )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a run (or one --part of it) produced.
+
+    Attributes:
+        shards: {split: [Shard, ...]}: the shards this part wrote (or found finished).
+        text: whether the source was text.
+        skipped: a line about each sample skipped: a bad text row, or an image that could not be read.
+        left_out: a line about each file of an image folder or listing skipped before it was read: a link out
+            of the source, a FIFO, a device, a folder where a file was expected (a text source's are bad rows).
+        duplicates: the duplicates removed (0 with --dedup off).
+        dedup_lines: the dedup report's lines (empty with --dedup off, or on a --part other than 0).
+    """
+
+    shards: dict[str, list[Shard]]
+    text: bool = False
+    skipped: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    dedup_lines: list[str] = field(default_factory=list)
 
     @property
     def bad_rows(self) -> int:
@@ -39,7 +165,7 @@ class Prepared(dict):
 def summary(out: str | Path, result: Prepared) -> str:
     """The last line of a run: `wrote DIR: train 800, val 100, test 100 samples[; 3 bad rows skipped]
     [; 2 links or special files skipped][; 12 duplicates removed]`."""
-    counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.items())
+    counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.shards.items())
     plural = "" if result.bad_rows == 1 else "s"
     what = "bad row" if result.text else "unreadable image"
     bad = f"; {result.bad_rows} {what}{plural} skipped" if result.text or result.bad_rows else ""

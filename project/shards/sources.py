@@ -40,7 +40,7 @@ SOURCE_CACHE_BYTES = 50 * 10**9  # remote source shards kept for re-sharding, th
 def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], list[str], list[str]]:
     """ROOT/<class>/<...>/<image>: one class per top-level folder, images at any depth below it; and a line for
     each entry skipped (`project.data.paths.source_files`: links out of ROOT, FIFOs and the like). File sizes
-    (a stat per file) are read only when `with_sizes` (for --shard-size)."""
+    (a stat per file) are read only when `with_sizes` (for --shard_size)."""
     classes, skipped = class_folders(root)
     if not classes:
         raise UserError(f"{root} has no class folders: expected ROOT/<class>/<image>")

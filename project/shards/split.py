@@ -7,7 +7,7 @@ import numpy as np
 from project.shards.records import Record
 
 SPLITS = ("train", "val", "test")
-MEMBER_OVERHEAD = 1536  # tar headers and padding of one sample's two members, for --shard-size
+MEMBER_OVERHEAD = 1536  # tar headers and padding of one sample's two members, for --shard_size
 
 
 def split_records(records: list[Record], val: float, test: float, seed: int) -> dict[str, list[Record]]:

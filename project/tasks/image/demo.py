@@ -1,7 +1,7 @@
 """A procedurally drawn 10-class image task, written as WebDataset shards with shard indexes.
 
-    python -m project.data.demo --out data/demo [--train N] [--val N] [--test N] [--image-size S]
-                                [--samples-per-shard N] [--seed S] [--workers N]
+    python -m project.tasks.image.demo --out data/demo [--train N] [--val N] [--test N] [--image_size S]
+        [--samples_per_shard N] [--seed S] [--workers N]
 
 Each sample is one of ten shapes, of random colour, size, position and rotation, on a noisy colour
 gradient, JPEG-encoded. Similar shapes (circle, hexagon, ring; star, cross) and small, low-contrast
@@ -153,6 +153,7 @@ def write_shard(job: ShardJob) -> Shard:
 
 def make_demo(
     out: str | Path,
+    *,
     train: int = 20000,
     val: int = 2000,
     test: int = 2000,
@@ -177,7 +178,7 @@ def make_demo(
     """
     sizes = {"train": train, "val": val, "test": test}
     if min(sizes.values()) < 1 or image_size < 8 or samples_per_shard < 1:
-        raise UserError("demo needs at least 1 sample per split, --image-size >= 8 and --samples-per-shard >= 1")
+        raise UserError("demo needs at least 1 sample per split, --image_size >= 8 and --samples_per_shard >= 1")
     out = Path(out)
     jobs: dict[str, list[ShardJob]] = {}
     for split, total in sizes.items():

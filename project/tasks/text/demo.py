@@ -85,7 +85,7 @@ def demo_is_complete(root: Path) -> bool:
 
 
 def make_demo(
-    root: Path, samples: int = 24_000, seed: int = 0, vocab_size: int = 1000, quiet: bool = True, join: int = 1
+    root: Path, *, samples: int = 24_000, seed: int = 0, vocab_size: int = 1000, quiet: bool = True, join: int = 1
 ) -> None:
     """Write the CSV, prepare it into root/{train,val,test} (80/10/10) and train the tokenizer.
 
@@ -107,7 +107,7 @@ def make_demo(
     building.mkdir(parents=True)
     source = building / "reviews.csv"
     write_csv(source, samples, seed, join)
-    prepare(str(source), building, samples_per_shard=2000, workers=1, seed=seed, quiet=quiet, text=True)
+    prepare(str(source), out=building, samples_per_shard=2000, workers=1, seed=seed, quiet=quiet, text=True)
     train_tokenizer(building, vocab_size=vocab_size, seed=seed, quiet=quiet)
     shutil.rmtree(root, ignore_errors=True)
     building.rename(root)  # whole or not at all: an interrupted build is redone
