@@ -24,7 +24,9 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 HOOK_FOLDER = Path(__file__).resolve().parent / "kill_hook"
@@ -59,51 +61,35 @@ def _count(log: Path, path: object) -> int:
     return number
 
 
+@dataclass(frozen=True)
+class Kill:
+    """Where to die: at write number `at` of those counted in `log` (never with 0), halfway through the file's
+    bytes ("torn") or right after its rename ("after"); the process group with `whole_group`, else this process."""
+
+    log: Path
+    at: int
+    mode: str
+    whole_group: bool
+
+    def die(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.whole_group:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def install(log: Path, at: int, mode: str, whole_group: bool) -> None:
     """Count every atomic write in `log`; SIGKILL at write number `at` (never with 0): the process group with
     `whole_group`, else this process."""
     from project.data import atomic
 
-    def die() -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if whole_group:
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
-
+    kill = Kill(log, at, mode, whole_group)
     real_write, real_replace = atomic.write_atomically, atomic.replace_atomically
-
-    def write_atomically(path, write, root=None):  # noqa: ANN001, ANN202 - project.data.atomic's signature
-        if _count(log, path) != at:
-            return real_write(path, write, root)
-        if mode == "after":
-            real_write(path, write, root)
-            die()
-
-        def torn(stream) -> None:  # noqa: ANN001
-            write(stream)
-            stream.flush()
-            os.ftruncate(stream.fileno(), os.fstat(stream.fileno()).st_size // 2)  # half the bytes reached the disk
-            die()
-
-        return real_write(path, torn, root)
-
-    def replace_atomically(path, write, root=None):  # noqa: ANN001, ANN202
-        if _count(log, path) != at:
-            return real_replace(path, write, root)
-        if mode == "after":
-            real_replace(path, write, root)
-            die()
-
-        def torn(temporary: Path) -> None:
-            write(temporary)
-            if os.path.exists(temporary):
-                os.truncate(temporary, os.path.getsize(temporary) // 2)
-            die()
-
-        return real_replace(path, torn, root)
-
-    wrappers = {id(real_write): write_atomically, id(real_replace): replace_atomically}
+    wrappers = {
+        id(real_write): killing(real_write, _tear_stream, kill),
+        id(real_replace): killing(real_replace, _tear_file, kill),
+    }
     for module in list(sys.modules.values()):  # atomic's own names, and every `from ... import` made so far
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
@@ -111,6 +97,39 @@ def install(log: Path, at: int, mode: str, whole_group: bool) -> None:
         for name, value in list(namespace.items()):
             if id(value) in wrappers:  # the originals are alive: their ids are theirs alone
                 setattr(module, name, wrappers[id(value)])
+
+
+def killing(real: Callable, tear: Callable[[Any], None], kill: Kill) -> Callable:
+    """`real` (project.data.atomic's `write_atomically` or `replace_atomically`, whose signature it keeps),
+    counting its writes and dying at `kill.at`, after the rename or with `tear` halving what was written."""
+
+    def wrapper(path: Any, write: Callable, root: Any = None) -> Any:
+        if _count(kill.log, path) != kill.at:
+            return real(path, write, root)
+        if kill.mode == "after":
+            real(path, write, root)
+            kill.die()
+
+        def torn(target: Any) -> None:
+            write(target)
+            tear(target)
+            kill.die()
+
+        return real(path, torn, root)
+
+    return wrapper
+
+
+def _tear_stream(stream: Any) -> None:
+    """`write_atomically`'s stream: half the bytes reached the disk."""
+    stream.flush()
+    os.ftruncate(stream.fileno(), os.fstat(stream.fileno()).st_size // 2)
+
+
+def _tear_file(temporary: Path) -> None:
+    """`replace_atomically`'s temporary file: half its bytes reached the disk."""
+    if os.path.exists(temporary):
+        os.truncate(temporary, os.path.getsize(temporary) // 2)
 
 
 def in_fork(function: Callable[[], object], log: Path, at: int, mode: str = "torn") -> int:

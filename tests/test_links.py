@@ -148,8 +148,8 @@ def test_a_text_folder_skips_a_link_out_and_a_fifo(tmp_path):
             (source / name / f"{i}.txt").write_text(f"a {name} text number {i}")
     (source / "pos" / "keys.txt").symlink_to(secret)
     os.mkfifo(source / "neg" / "pipe.txt")
-    result = prepare(str(source), tmp_path / "out", val_fraction=0, test_fraction=0, quiet=True)
-    assert sum(shard.nsamples for shard in result["train"]) == 6 and result.bad_rows == 2
+    result = prepare(str(source), out=tmp_path / "out", val_fraction=0, test_fraction=0, quiet=True)
+    assert sum(shard.nsamples for shard in result.shards["train"]) == 6 and result.bad_rows == 2
     assert "2 bad rows skipped" in summary(tmp_path / "out", result)
     assert not any(secret.read_bytes() in data for data in members(tmp_path / "out").values())
 
@@ -213,7 +213,7 @@ def test_prepare_out_with_a_linked_split_folder_is_one_line_and_writes_nothing_t
     (elsewhere / "keep.txt").write_text("theirs")
     (out / "train").symlink_to(elsewhere)
     with pytest.raises(UserError, match=r"refusing to write .*train: .*train is a link out of") as error:
-        prepare(str(planted["source"]), out, quiet=True)
+        prepare(str(planted["source"]), out=out, quiet=True)
     assert "\n" not in str(error.value)
     assert [p.name for p in elsewhere.iterdir()] == ["keep.txt"] and (elsewhere / "keep.txt").read_text() == "theirs"
 
@@ -224,7 +224,7 @@ def test_prepare_refuses_a_shard_name_planted_as_a_link_out(planted, tmp_path):
     (out / "train").mkdir(parents=True)
     (out / "train" / "train-000000.tar").symlink_to(elsewhere)  # would pass for a finished shard
     with pytest.raises(UserError, match=r"train-000000.tar is a link out of"):
-        prepare(str(planted["source"]), out, val_fraction=0, test_fraction=0, quiet=True)
+        prepare(str(planted["source"]), out=out, val_fraction=0, test_fraction=0, quiet=True)
     assert elsewhere.read_bytes() == b"theirs"
 
 

@@ -17,7 +17,7 @@ UNCERTAINTY = ("entropy", "margin", "least-confidence")
 SCORED = ("random", *UNCERTAINTY)
 
 
-def feed(strategy, keys, probs, embeddings=None, splits=(), order=None):
+def feed(strategy, keys, probs, embeddings=None, *, splits=(), order=None):
     """Give the rows to `strategy` in batches cut at `splits`, the batches in `order` (default: as cut)."""
     bounds = [0, *sorted(splits), len(keys)]
     batches = [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
@@ -35,7 +35,7 @@ def pool(n: int, classes: int = 4, dim: int = 3, seed: int = 0):
     return keys, probs, torch.randn(n, dim, generator=generator)
 
 
-def brute_force(name: str, keys, probs, budget: int, seed: int, round: int = 0) -> list[tuple[str, float]]:
+def brute_force(name: str, keys, probs, budget: int, seed: int, *, round: int = 0) -> list[tuple[str, float]]:
     """The top `budget` keys by (score, tie_break), by sorting everything."""
     p = probs.to(torch.float64)
     if name == "random":
@@ -89,7 +89,7 @@ def test_selection_does_not_depend_on_batches_or_their_order(name):
     keys2, probs2, embeddings2 = [keys[i] for i in shuffled], probs[shuffled], embeddings[shuffled]
     for splits, order in [((1, 2, 150, 151), None), ((33, 66, 200), (3, 1, 0, 2)), (range(1, 300), range(299, -1, -1))]:
         again = make_strategy(name, 20, 7, 1, 50 if name == "kcenter" else None)
-        assert feed(again, keys2, probs2, embeddings2, splits, order).select() == first
+        assert feed(again, keys2, probs2, embeddings2, splits=splits, order=order).select() == first
     other_seed = feed(make_strategy(name, 20, 8, 1, 50 if name == "kcenter" else None), keys, probs, embeddings)
     if name in ("random", "kcenter"):
         assert {s.key for s in other_seed.select()} != {s.key for s in first}
@@ -114,7 +114,7 @@ def test_a_key_given_twice_is_never_selected_twice(name):
     assert set(picked) == set(keys)
     small = make_strategy(name, 10, 0, 0, 10 if name == "kcenter" else None)  # keys also leave the heap
     for splits in [(), (3, 9, 30), (20,)]:
-        feed(small, keys, probs, embeddings, splits)
+        feed(small, keys, probs, embeddings, splits=splits)
     picked = [s.key for s in small.select()]
     assert len(picked) == len(set(picked)) == 10
 
@@ -203,7 +203,7 @@ def test_kcenter_holds_at_most_candidates_embeddings_and_refuses_none():
     seed=st.integers(0, 3),
     cuts=st.lists(st.integers(0, 40), max_size=5),
 )
-def test_selection_is_the_brute_force_top_budget(name, values, classes, budget, seed, cuts):
+def test_selection_is_the_brute_force_top_budget(*, name, values, classes, budget, seed, cuts):
     n = len(values) // classes
     keys = [f"r{i}" for i in range(n)]
     weights = torch.tensor(values[: n * classes], dtype=torch.float32).reshape(n, classes) + 1e-3
@@ -213,7 +213,7 @@ def test_selection_is_the_brute_force_top_budget(name, values, classes, budget, 
     assert len(picked) == min(budget, len(keys))
     assert len({s.key for s in picked}) == len(picked) and {s.key for s in picked} <= set(keys)
     assert all(s.url == f"url-{s.key}" for s in picked)
-    assert [(s.key, s.score) for s in picked] == brute_force(name, keys, probs, budget, seed, 2)
+    assert [(s.key, s.score) for s in picked] == brute_force(name, keys, probs, budget, seed, round=2)
 
 
 def test_parse_strategies():

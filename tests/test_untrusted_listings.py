@@ -62,13 +62,13 @@ def test_no_tool_decodes_an_image_past_the_pixel_bound(bomb, decoded, tmp_path):
     for name, data in {"a/big.png": bomb, "a/copy.png": bomb, "a/x.png": image(1), "b/y.png": image(2)}.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
-    resized = prepare(str(root), tmp_path / "resized", val_fraction=0, test_fraction=0, resize=16, quiet=True)
+    resized = prepare(str(root), out=tmp_path / "resized", val_fraction=0, test_fraction=0, resize=16, quiet=True)
     # exact dedup keeps one copy of the bomb; re-encoding refuses it from its header, a skipped sample
-    assert resized.duplicates == 1 and resized.bad_rows == 1 and sum(s.nsamples for s in resized["train"]) == 2
+    assert resized.duplicates == 1 and resized.bad_rows == 1 and sum(s.nsamples for s in resized.shards["train"]) == 2
     assert "1 unreadable image skipped" in summary(tmp_path / "resized", resized)
     assert all("over data.max_image_pixels" in line for line in resized.skipped)
     # copied as they are (no --resize): the exact copies are found, and their contact sheet leaves them out
-    copied = prepare(str(root), tmp_path / "copied", val_fraction=0, test_fraction=0, quiet=True)
+    copied = prepare(str(root), out=tmp_path / "copied", val_fraction=0, test_fraction=0, quiet=True)
     assert copied.duplicates == 1 and (tmp_path / "copied" / "duplicates.png").exists()
     shard = next((tmp_path / "copied" / "train").glob("*.tar"))
     problems = scan_shard(str(shard)).problems
@@ -83,7 +83,7 @@ def test_a_listing_field_past_the_csv_limit_is_one_line(tmp_path):
         writer = csv.writer(stream)
         writer.writerows([["path", "label"], ["a.png", "cat"], ["a" * 200_000, "dog"]])
     with pytest.raises(UserError, match=r"listing.csv row 2 is not CSV: field larger than field limit") as error:
-        prepare(str(listing), tmp_path / "out", quiet=True)
+        prepare(str(listing), out=tmp_path / "out", quiet=True)
     assert "\n" not in str(error.value)
 
 
@@ -103,7 +103,7 @@ def test_a_bad_listing_row_is_one_line(tmp_path, lines, problem):
     listing = tmp_path / "listing.jsonl"
     listing.write_text("\n".join(lines) + "\n")
     with pytest.raises(UserError, match=problem) as error:
-        prepare(str(listing), tmp_path / "out", quiet=True)
+        prepare(str(listing), out=tmp_path / "out", quiet=True)
     assert "\n" not in str(error.value)
 
 
@@ -114,7 +114,7 @@ def test_a_torn_manifest_is_one_line(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / MANIFEST).write_text('{"source": "images", "val_fr')  # what a kill left, before it was atomic
     with pytest.raises(UserError, match=r"is not a prepare manifest .*delete .*out to start over"):
-        prepare(str(root), tmp_path / "out", quiet=True)
+        prepare(str(root), out=tmp_path / "out", quiet=True)
 
 
 def test_re_sharding_reads_offsets_with_the_bounded_reader(tmp_path):
@@ -143,7 +143,7 @@ def test_an_index_listing_huge_classes_is_refused_when_a_prepare_re_shards_it(tm
     index = {"shardlist": [{"url": "a.tar", "nsamples": 1}], "classes": ["c"] * 100_001}
     (folder / "shardindex.json").write_text(json.dumps(index))
     with pytest.raises(UserError, match="more than 100,000"):
-        prepare(str(folder), tmp_path / "out", quiet=True)
+        prepare(str(folder), out=tmp_path / "out", quiet=True)
 
 
 def test_two_files_whose_keys_coincide_are_both_kept_under_keys_of_their_own(tmp_path):
@@ -154,7 +154,7 @@ def test_two_files_whose_keys_coincide_are_both_kept_under_keys_of_their_own(tmp
     (tmp_path / "a_jpg").write_bytes(image(10))  # sanitizes to the same key as a.jpg
     listing = tmp_path / "listing.csv"
     listing.write_text("path,label\na.jpg,0\na_jpg,1\na.jpg,0\n")  # the first file twice, too
-    prepare(str(listing), tmp_path / "out", val_fraction=0, test_fraction=0, quiet=True, dedup="off")
+    prepare(str(listing), out=tmp_path / "out", val_fraction=0, test_fraction=0, quiet=True, dedup="off")
     index = resolve_shards(str(tmp_path / "out" / "train"))
     keys = sorted(s["__key__"] for shard in index.shards for s in read_samples(shard.url))
     assert keys == ["a_jpg", "a_jpg-2", "a_jpg-3"] and index.nsamples == 3  # the index counts what the shards hold

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,52 +115,60 @@ def _label(text: str, classes: list[str]) -> int | str:
 def read_answers(path: Path, asked: list[str], classes: list[str]) -> Answers:
     """Read a filled to_label.csv: labels are class names (exact, or a unique case-insensitive match) or
     indices. Bad rows each get one line in `problems` and no label; both rows of a repeated key are bad."""
-    path = Path(path)
-    rows: list[tuple[int, str, str]] = []  # (line, key, label) of the non-blank rows
-    wanted = set(asked)
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as file:
-            reader = csv.reader(file)
-            names = [cell.strip().lower() for cell in next(reader, [])]
-            if "key" not in names or "label" not in names:
-                raise UserError(f"answers file {path} has no 'key' and 'label' columns in its first line")
-            key_at, label_at = names.index("key"), names.index("label")
-            last = reader.line_num
-            for cells in reader:
-                line, last = last + 1, reader.line_num  # the line a (possibly multi-line) row starts on
-                if any(cell.strip() for cell in cells):  # the quote write_request put before a formula, off
-                    key = csv_value(cells[key_at]) if key_at < len(cells) else ""
-                    key = key if key in wanted else csv_value(key.strip())  # a key may start or end with a space
-                    rows.append((line, key, csv_value(cells[label_at].strip()) if label_at < len(cells) else ""))
-    except FileNotFoundError:
-        raise UserError(f"no answers file {path}: fill in the label column of the request and save it there") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise UserError(f"cannot read answers file {path}: {shown(error)}") from None
+    path, wanted = Path(path), set(asked)
+    rows = _read_rows(path, wanted)
     lines_of: dict[str, list[int]] = {}
     for line, key, _ in rows:
         lines_of.setdefault(key, []).append(line)
     bad: set[str] = set()
     answers = Answers()
     for line, key, label in rows:
-        problem = None
-        if not key:
-            problem = f"no key (label {label!r})"
-        elif key not in wanted:
-            problem = f"key {key!r} was not asked for"
-        elif len(lines_of[key]) > 1:
-            where = ", ".join(str(n) for n in lines_of[key])
-            problem = f"key {key!r} appears {len(lines_of[key])} times (lines {where}): its answer is ambiguous"
-        elif label:
-            index = _label(label, classes)
-            if isinstance(index, str):
-                problem = index
-            else:
-                answers.labels[key] = index
-        if problem:
-            answers.problems.append(shown(f"{path.name} line {line}: {problem}"))  # printed: keys and labels
+        answer = _answer(key, label, wanted, lines_of.get(key, []), classes)
+        if isinstance(answer, str):
+            answers.problems.append(shown(f"{path.name} line {line}: {answer}"))  # printed: keys and labels
             bad.add(key)
+        elif answer is not None:
+            answers.labels[key] = answer
     answers.unanswered = [key for key in asked if key not in answers.labels and key not in bad]
     return answers
+
+
+def _read_rows(path: Path, wanted: set[str]) -> list[tuple[int, str, str]]:
+    """(line, key, label) of the answers file's non-blank rows; a file that cannot be read is one line."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as file:
+            return list(_rows(csv.reader(file), path, wanted))
+    except FileNotFoundError:
+        raise UserError(f"no answers file {path}: fill in the label column of the request and save it there") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise UserError(f"cannot read answers file {path}: {shown(error)}") from None
+
+
+def _rows(reader: Any, path: Path, wanted: set[str]) -> Iterator[tuple[int, str, str]]:
+    """The rows of `reader` (a csv.reader) by the columns its first line names."""
+    names = [cell.strip().lower() for cell in next(reader, [])]
+    if "key" not in names or "label" not in names:
+        raise UserError(f"answers file {path} has no 'key' and 'label' columns in its first line")
+    key_at, label_at = names.index("key"), names.index("label")
+    last = reader.line_num
+    for cells in reader:
+        line, last = last + 1, reader.line_num  # the line a (possibly multi-line) row starts on
+        if any(cell.strip() for cell in cells):  # the quote write_request put before a formula, off
+            key = csv_value(cells[key_at]) if key_at < len(cells) else ""
+            key = key if key in wanted else csv_value(key.strip())  # a key may start or end with a space
+            yield line, key, csv_value(cells[label_at].strip()) if label_at < len(cells) else ""
+
+
+def _answer(key: str, label: str, wanted: set[str], lines: list[int], classes: list[str]) -> int | str | None:
+    """A row's class index, None where its label is empty, or what is wrong with it (`lines`: the key's rows)."""
+    if not key:
+        return f"no key (label {label!r})"
+    if key not in wanted:
+        return f"key {key!r} was not asked for"
+    if len(lines) > 1:
+        where = ", ".join(str(n) for n in lines)
+        return f"key {key!r} appears {len(lines)} times (lines {where}): its answer is ambiguous"
+    return _label(label, classes) if label else None
 
 
 def get_labels(

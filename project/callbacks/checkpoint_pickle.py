@@ -22,6 +22,9 @@ MAX_DEPTH = 100  # containers within containers: Lightning nests about 10, Pytho
 LEGACY_PICKLES = 5  # torch's format before 1.6: a magic number, a version, system info, the data, storage keys
 MUTATORS = {"APPEND": 1, "SETITEM": 2, "BUILD": 1}  # opcodes that put what they pop into the object below it
 MARKED_MUTATORS = ("APPENDS", "SETITEMS", "ADDITEMS")  # the same, for everything since the mark
+MEMO_PUTS = ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE")
+MEMO_GETS = ("GET", "BINGET", "LONG_BINGET")
+STACK_OPCODES = ("MARK", "DUP", "POP", "POP_MARK", *MEMO_PUTS, *MEMO_GETS)  # opcodes that only move what is built
 
 
 def pickle_problem(path: str | Path) -> str | None:
@@ -47,44 +50,70 @@ def pickle_problem(path: str | Path) -> str | None:
 
 def measured(stream: IO[bytes]) -> str | None:
     """What is wrong with the next pickle in `stream` as a tree of objects, or None."""
-    kids: list[list[int]] = []  # each container's (or object's) parts, by number; -1: a number, text or None
-    stack: list[int] = []
-    marks: list[int] = []
-    memo: dict[int, int] = {}
+    graph = Graph()
     try:
         for count, (opcode, arg, _) in enumerate(pickletools.genops(stream)):
             if count > MAX_OBJECTS:
                 return f"holds more than {MAX_OBJECTS:,} opcodes"
-            name = opcode.name
-            if name == "STOP":
-                return tree_problem(stack[-1] if stack else -1, kids)
-            if name == "MARK":
-                marks.append(len(stack))
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
-                memo[len(memo) if arg is None else arg] = stack[-1]
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                stack.append(memo[arg])
-            elif name == "DUP":
-                stack.append(stack[-1])
-            elif name in ("POP", "POP_MARK"):
-                del stack[marks.pop() if name == "POP_MARK" else -1 :]
-            elif name in MUTATORS or name in MARKED_MUTATORS:
-                start = marks.pop() if name in MARKED_MUTATORS else len(stack) - MUTATORS[name]
-                parts, stack[start:] = stack[start:], []
-                if stack[-1] >= 0:
-                    kids[stack[-1]].extend(parts)
-            else:  # a new object of what it pops (a tuple, a tensor's rebuild): a part of the graph; else a leaf
-                taken = len([kind for kind in opcode.stack_before if kind is not pickletools.markobject])
-                start = marks.pop() if pickletools.markobject in opcode.stack_before else len(stack) - taken
-                parts, stack[start:] = stack[start:], []
-                if opcode.stack_after:
-                    makes = name.startswith("EMPTY_") or parts
-                    stack.append(len(kids) if makes else -1)
-                    if makes:
-                        kids.append(parts)
+            if opcode.name == "STOP":
+                return tree_problem(graph.stack[-1] if graph.stack else -1, graph.kids)
+            graph.step(opcode, arg)
     except (ValueError, KeyError, IndexError, EOFError):  # not a pickle, or a broken one: torch's to say
         return None
     return None
+
+
+class Graph:
+    """The graph of objects a pickle builds, opcode by opcode, without building them: `kids` holds each
+    container's (or object's) parts, by number, -1 for a number, text or None; `stack` and the memo hold
+    numbers as the unpickler's hold objects."""
+
+    def __init__(self) -> None:
+        self.kids: list[list[int]] = []
+        self.stack: list[int] = []
+        self.marks: list[int] = []
+        self.memo: dict[int, int] = {}
+
+    def step(self, opcode: pickletools.OpcodeInfo, arg: object) -> None:
+        """What one opcode does to the graph."""
+        name = opcode.name
+        if name in MUTATORS or name in MARKED_MUTATORS:
+            start = self.marks.pop() if name in MARKED_MUTATORS else len(self.stack) - MUTATORS[name]
+            parts = self.take(start)
+            if self.stack[-1] >= 0:
+                self.kids[self.stack[-1]].extend(parts)
+        elif name in STACK_OPCODES:
+            self.move(name, arg)
+        else:  # a new object of what it pops (a tuple, a tensor's rebuild): a part of the graph; else a leaf
+            self.build(opcode)
+
+    def move(self, name: str, arg: object) -> None:
+        """An opcode that only moves what is built: marks, the memo, copies and pops."""
+        if name == "MARK":
+            self.marks.append(len(self.stack))
+        elif name in MEMO_PUTS:
+            self.memo[len(self.memo) if arg is None else arg] = self.stack[-1]
+        elif name in MEMO_GETS:
+            self.stack.append(self.memo[arg])
+        elif name == "DUP":
+            self.stack.append(self.stack[-1])
+        else:  # POP, POP_MARK
+            del self.stack[self.marks.pop() if name == "POP_MARK" else -1 :]
+
+    def build(self, opcode: pickletools.OpcodeInfo) -> None:
+        taken = len([kind for kind in opcode.stack_before if kind is not pickletools.markobject])
+        start = self.marks.pop() if pickletools.markobject in opcode.stack_before else len(self.stack) - taken
+        parts = self.take(start)
+        if opcode.stack_after:
+            makes = opcode.name.startswith("EMPTY_") or parts
+            self.stack.append(len(self.kids) if makes else -1)
+            if makes:
+                self.kids.append(parts)
+
+    def take(self, start: int) -> list[int]:
+        """The stack from `start` up, popped."""
+        parts, self.stack[start:] = self.stack[start:], []
+        return parts
 
 
 def tree_problem(root: int, kids: list[list[int]]) -> str | None:

@@ -74,33 +74,41 @@ class Pool:
         busy: dict[multiprocessing.connection.Connection, Job] = {}
         finished = False
         try:
-            while True:
-                while idle or len(self.processes) < self.workers:
-                    job = next(waiting, STOP)
-                    if job is STOP:
-                        break
-                    connection = idle.pop() if idle else self._start(function)
-                    connection.send((function, job))
-                    busy[connection] = job
-                if not busy:
-                    break
-                sentinels = {self.processes[connection].sentinel: connection for connection in busy}
-                for ready in multiprocessing.connection.wait([*busy, *sentinels]):
-                    connection = sentinels.get(ready, ready)
-                    if connection not in busy:
-                        continue  # its result and its exit were both ready; the result was taken
-                    job = busy.pop(connection)
-                    ok, value, text = receive(connection, self.processes[connection], job)
-                    if not ok:
-                        if text:
-                            raise value from RemoteTraceback(text)
-                        raise value
-                    idle.append(connection)
-                    yield value
+            while self._hand_out(function, waiting, idle, busy):
+                yield from self._collect(busy, idle)
             finished = True
         finally:
             if not finished:
                 self.kill()  # an error or an early stop
+
+    def _hand_out(self, function: Callable, waiting: Iterator, idle: list, busy: dict) -> bool:
+        """Send a job to each idle worker, and to new ones up to `workers`, while jobs are left; whether any
+        worker is busy."""
+        while idle or len(self.processes) < self.workers:
+            job = next(waiting, STOP)
+            if job is STOP:
+                break
+            connection = idle.pop() if idle else self._start(function)
+            connection.send((function, job))
+            busy[connection] = job
+        return bool(busy)
+
+    def _collect(self, busy: dict, idle: list) -> Iterator:
+        """The results of the busy workers that are done (each then idle), once one is; a job's error is
+        raised here, with the worker's traceback chained."""
+        sentinels = {self.processes[connection].sentinel: connection for connection in busy}
+        for ready in multiprocessing.connection.wait([*busy, *sentinels]):
+            connection = sentinels.get(ready, ready)
+            if connection not in busy:
+                continue  # its result and its exit were both ready; the result was taken
+            job = busy.pop(connection)
+            ok, value, text = receive(connection, self.processes[connection], job)
+            if not ok and text:
+                raise value from RemoteTraceback(text)
+            if not ok:
+                raise value
+            idle.append(connection)
+            yield value
 
     def close(self) -> None:
         """Stop the workers: each finishes and exits."""

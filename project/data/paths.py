@@ -75,6 +75,7 @@ class Listed:
 def source_files(
     root: str | os.PathLike,
     suffixes: tuple[str, ...] | None = None,
+    *,
     recursive: bool = True,
     hidden: bool = True,
     sizes: bool = False,
@@ -92,7 +93,7 @@ def source_files(
         for entry in sorted(entries, key=lambda e: e.name):
             if hidden or not entry.name.startswith("."):
                 wanted = suffixes is None or entry.name.lower().endswith(suffixes)
-                found = _entry(entry, wanted, recursive, sizes, (str(base), real_base), top)
+                found = _entry(entry, wanted, recursive=recursive, sizes=sizes, base=(str(base), real_base), top=top)
                 if isinstance(found, SourceFile):
                     listed.files.append(found)
                 elif found is not None:
@@ -101,7 +102,7 @@ def source_files(
 
 
 def _entry(
-    entry: os.DirEntry, wanted: bool, recursive: bool, sizes: bool, base: tuple[str, str], top: tuple[str, str]
+    entry: os.DirEntry, wanted: bool, *, recursive: bool, sizes: bool, base: tuple[str, str], top: tuple[str, str]
 ) -> SourceFile | str | None:
     """A folder entry as a file to read, why it is skipped, or None where it is no candidate (a name not wanted,
     a real folder, which a recursive walk goes into). `top`: the folder walked, and its real path: a file found

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from http.client import HTTPException, HTTPResponse
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 from project.data.atomic import write_atomically
@@ -84,8 +84,9 @@ class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
     """urllib's redirects, without the Authorization header once a redirect leaves the url's origin
     (urllib copies every header but the content ones to whatever host a server names)."""
 
-    def redirect_request(self, request, fp, code, message, headers, new_url):  # noqa: ANN001, ANN201
-        redirected = super().redirect_request(request, fp, code, message, headers, new_url)
+    def redirect_request(self, request: urllib.request.Request, *response: Any) -> urllib.request.Request | None:
+        """`response`: the redirect as urllib hands it over (fp, code, message, headers, new_url), passed on."""
+        redirected = super().redirect_request(request, *response)
         if redirected is not None and origin(redirected.full_url) != origin(request.full_url):
             redirected.remove_header("Authorization")
         return redirected

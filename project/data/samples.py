@@ -4,16 +4,17 @@ Members are grouped by webdataset's key rule (`base_plus_ext`): `a/b.c.jpg` is e
 Only the extensions asked for are read into memory; the rest are skipped over. A member whose header declares
 more than `max_member_bytes` is never read: its sample gets a "__refused__" reason instead, which the stream
 counts as a skipped sample. Nothing is decoded here: what a member means is the task's business
-(`ShardDataModule.decode`), and nothing is ever unpickled.
+(`Task.decode`), and nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, NamedTuple
 
 from webdataset.tariterators import base_plus_ext
 
@@ -33,6 +34,7 @@ def read_samples(
     url: str,
     start: int = 0,
     stop: int | None = None,
+    *,
     extensions: frozenset[str] | None = None,
     open_stream: Callable[[str], IO[bytes]] = open_url,
     max_member_bytes: int | None = MAX_MEMBER_BYTES,
@@ -55,37 +57,51 @@ def read_samples(
         stream = open_stream(url)
     except OSError as error:
         raise ShardError(f"cannot open shard {url}: {error.strerror or error}") from None
-    last_key, position, current = None, -1, None
     try:
-        for name, read in _members(stream, url, max_ratio):
-            key, extension = base_plus_ext(name)
-            if key is None:
-                continue
-            if key != last_key:
-                if current is not None:
-                    yield current
-                last_key, position, current = key, position + 1, None
-                if stop is not None and position >= stop:
-                    return
-                if position >= start:
-                    current = {"__key__": key, "__url__": url}
-            extension = extension.lower()
-            if current is not None and (extensions is None or extension in extensions):
-                if max_member_bytes is not None and read.size > max_member_bytes:
-                    shown = name if name.isprintable() else ascii(name)  # a line break in a name: still one line
-                    current[REFUSED] = (
-                        f"member {shown} declares {read.size:,} bytes, over "
-                        f"data.max_member_bytes ({max_member_bytes:,})"
-                    )
-                    continue
-                try:
-                    current[extension] = read()
-                except READ_ERRORS as error:
-                    raise ShardError(f"cannot read shard {url}: {error}") from None
-        if current is not None:
-            yield current
+        by_key = itertools.groupby(_keyed(_members(stream, url, max_ratio)), key=lambda member: member.key)
+        for position, (key, members) in enumerate(by_key):
+            if stop is not None and position >= stop:
+                return
+            if position >= start:  # the members of a sample before `start` are passed over unread
+                yield _sample(url, key, members, extensions, max_member_bytes)
     finally:
         stream.close()
+
+
+class Member(NamedTuple):
+    key: str
+    extension: str  # lower case
+    name: str
+    read: MemberRead
+
+
+def _keyed(members: Iterator[tuple[str, MemberRead]]) -> Iterator[Member]:
+    """The members that webdataset's key rule gives a key, with their key and extension."""
+    for name, read in members:
+        key, extension = base_plus_ext(name)
+        if key is not None:
+            yield Member(key, extension.lower(), name, read)
+
+
+def _sample(
+    url: str, key: str, members: Iterator[Member], extensions: frozenset[str] | None, max_member_bytes: int | None
+) -> Sample:
+    """One sample from its members: the bytes of those with an extension asked for, or why one was refused."""
+    sample: Sample = {"__key__": key, "__url__": url}
+    for member in members:
+        if extensions is not None and member.extension not in extensions:
+            continue
+        if max_member_bytes is not None and member.read.size > max_member_bytes:
+            shown = member.name if member.name.isprintable() else ascii(member.name)  # a line break: still one line
+            sample[REFUSED] = (
+                f"member {shown} declares {member.read.size:,} bytes, over data.max_member_bytes ({max_member_bytes:,})"
+            )
+            continue
+        try:
+            sample[member.extension] = member.read()
+        except READ_ERRORS as error:
+            raise ShardError(f"cannot read shard {url}: {error}") from None
+    return sample
 
 
 def _members(stream: IO[bytes], url: str, max_ratio: float | None) -> Iterator[tuple[str, MemberRead]]:

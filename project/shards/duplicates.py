@@ -70,6 +70,7 @@ def hash_records(
     mode: str,
     text: bool,
     pool: Pool,
+    *,
     progress=None,  # noqa: ANN001
     cache: Path | None = None,
 ) -> Hashes:

@@ -16,6 +16,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from project.data.paths import kind, within
 from project.errors import UserError
@@ -29,6 +30,37 @@ def listing(path: Path) -> tuple[list[Record], list[str], list[str]]:
     one line naming it: a field over the CSV limit, a line that is not a JSON object, a path that is not a
     string, a file that is missing."""
     rows = list(_listing_rows(path))
+    _check_rows(path, rows)
+    folder = os.path.realpath(path.parent)
+    kept: list[ListedFile] = []
+    skipped: list[str] = []
+    for number, row in rows:
+        found = _listed_file(path, number, row, folder)
+        if isinstance(found, str):
+            skipped.append(f"skipped {path} row {number}: {found}")
+        else:
+            kept.append(found)
+    if not kept:
+        raise UserError(f"{path}: every file it lists was skipped, the first as {skipped[0].partition(': ')[2]}")
+    labels, classes = labels_to_classes([file.label for file in kept])
+    records = [
+        Record(sanitize_key(file.named), label, "file", (file.real,), file.size)
+        for file, label in zip(kept, labels, strict=True)
+    ]
+    return records, classes, skipped
+
+
+class ListedFile(NamedTuple):
+    """A row's file: the path as listed, the file to read, its size, and the row's label."""
+
+    named: str
+    real: str
+    size: int
+    label: str
+
+
+def _check_rows(path: Path, rows: list[tuple[int, dict]]) -> None:
+    """The listing has `path` and `label` columns, and each row a string (or a number) in both and no more cells."""
     if not rows or not {"path", "label"} <= set(rows[0][1]):
         found = sorted(map(str, rows[0][1])) if rows else "no rows"
         raise UserError(f"{path} needs 'path' and 'label' columns (found {found})")
@@ -39,32 +71,23 @@ def listing(path: Path) -> tuple[list[Record], list[str], list[str]]:
             value = row.get(column)
             if not isinstance(value, str | int) or isinstance(value, bool) or not str(value).strip():
                 raise UserError(f"{path} row {number}: its {column} is {_shown(value)}, not a string")
-    folder = os.path.realpath(path.parent)
-    kept: list[tuple[str, str, int, str]] = []  # the path as listed, the file to read, its size, the label
-    skipped: list[str] = []
-    for number, row in rows:
-        named = str(row["path"])
-        try:
-            real = os.path.realpath(path.parent / named)
-            found = os.stat(real)
-        except (FileNotFoundError, NotADirectoryError):
-            raise UserError(f"{path} lists a missing image: {_shown(named)}") from None
-        except (OSError, ValueError) as error:  # a NUL byte, a name too long
-            raise UserError(f"{path} row {number}: bad path {_shown(named)}: {error}") from None
-        if not within(real, folder):
-            skipped.append(f"skipped {path} row {number}: {_shown(named)} leads out of the listing's folder")
-        elif not stat.S_ISREG(found.st_mode):
-            skipped.append(f"skipped {path} row {number}: {_shown(named)} is {kind(found.st_mode)}, not a file")
-        else:
-            kept.append((named, real, found.st_size, str(row["label"]).strip()))
-    if not kept:
-        raise UserError(f"{path}: every file it lists was skipped, the first as {skipped[0].partition(': ')[2]}")
-    labels, classes = labels_to_classes([label for *_, label in kept])
-    records = [
-        Record(sanitize_key(named), label, "file", (real,), size)
-        for (named, real, size, _), label in zip(kept, labels, strict=True)
-    ]
-    return records, classes, skipped
+
+
+def _listed_file(path: Path, number: int, row: dict, folder: str) -> ListedFile | str:
+    """The file a row names, or why it is skipped (out of the listing's `folder`, or not a regular file)."""
+    named = str(row["path"])
+    try:
+        real = os.path.realpath(path.parent / named)
+        found = os.stat(real)
+    except (FileNotFoundError, NotADirectoryError):
+        raise UserError(f"{path} lists a missing image: {_shown(named)}") from None
+    except (OSError, ValueError) as error:  # a NUL byte, a name too long
+        raise UserError(f"{path} row {number}: bad path {_shown(named)}: {error}") from None
+    if not within(real, folder):
+        return f"{_shown(named)} leads out of the listing's folder"
+    if not stat.S_ISREG(found.st_mode):
+        return f"{_shown(named)} is {kind(found.st_mode)}, not a file"
+    return ListedFile(named, real, found.st_size, str(row["label"]).strip())
 
 
 def _listing_rows(path: Path) -> Iterator[tuple[int, dict]]:

@@ -120,6 +120,7 @@ class NewHyperparameters(Callback):
 
 def trainable(
     config: dict[str, Any],
+    *,
     overrides: list[str],
     versioned: bool,
     folder: str,

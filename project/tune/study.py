@@ -74,7 +74,9 @@ def run_trial(trial: optuna.Trial, flags: list[str], metric: str) -> float:
     return float(value)
 
 
-def optimize(study: optuna.Study, n_trials: int, overrides: list[str], config: Any, search: dict, folder: Path) -> None:
+def optimize(
+    study: optuna.Study, n_trials: int, *, search: dict, overrides: list[str], config: Any, folder: Path
+) -> None:
     """Run trials until the study (shared by every process on its storage) holds `n_trials` finished ones."""
     while (done := len(study.get_trials(deepcopy=False, states=FINISHED))) < n_trials:
         trial = study.ask()
@@ -140,6 +142,7 @@ def open_study(
     search: dict,
     sampler: optuna.samplers.BaseSampler,
     pruner: optuna.pruners.BasePruner,
+    *,
     resume: bool = False,
 ) -> optuna.Study:
     """Create the study, or with `resume` load it where it exists: then its metric and direction must be the
