@@ -1,32 +1,35 @@
 """ShardDataModule: streams WebDataset shards into mini-batches for the Lightning Trainer, for any task.
 
-A task subclasses it and fills in two hooks, which run in the DataLoader workers: `decode(sample, stage)`
-turns one sample's tar members into an example, and `collate(examples, stage)` turns a list of examples
-into a `Batch`. Everything else is here and the same for every task: resolving each split's shards,
-planning epochs, reading and shuffling, workers, exact resume, and counting unreadable samples.
+A task's data module subclasses it with the task's settings and builds its `Task` (`make_task`): the small
+object whose `decode` and `collate` run in the DataLoader workers (project/data/task.py). Everything else is
+here and the same for every task: resolving each split's shards, planning epochs, loaders and workers; the
+resume position (`ResumePosition`) and the skip count (`SkipCount`) are objects it holds, saved and counted
+through its Lightning hooks.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any
+from functools import cached_property
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from project.data.batch import Batch
+from project.data.batch import Batch, Skipped
 from project.data.files import is_plain_folder, pack_folder
-from project.data.health import SkipAccounting, SkipLedger
+from project.data.health import SkipCount
 from project.data.loader import EpochLoader
 from project.data.plan import fraction_counts
 from project.data.position import ResumePosition
-from project.data.samples import MAX_MEMBER_BYTES, Sample
+from project.data.samples import MAX_MEMBER_BYTES
 from project.data.shard_index import Shard, ShardIndex, shuffled_before_sharding
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.data.tarreader import MAX_COMPRESSION_RATIO
+from project.data.task import Task
 from project.data.workers import StartMethod, start_forkserver
 from project.errors import UserError, check_not_negative, check_positive
 from project.redact import redact_hparams, redact_value
@@ -36,8 +39,8 @@ MIX_SHARDS = 32  # data.mix_shards for shards that may be sorted: 20 one-class s
 SPLITS = ("train", "val", "test")  # the splits of `root`; `predict` is only ever given explicitly
 
 
-class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
-    """Streams samples from WebDataset tar shards; a task's subclass decodes and collates them.
+class ShardDataModule(L.LightningDataModule):
+    """Streams samples from WebDataset tar shards; the task its subclass builds decodes and collates them.
 
     Each split is read through a shard index, so every epoch is planned exactly: training batches are
     equal on every rank and no sample repeats within an epoch; validation and test read every sample
@@ -89,18 +92,12 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
             decompression bomb costs work in proportion to its size; real shards stay far below it).
     """
 
-    # the tar members `decode` reads (lower-case extensions); no other member is ever read into memory
-    extensions: frozenset[str] = frozenset()
-    # the members that hold a sample's label (the active-learning oracle replaces them with a .cls)
-    label_extensions: frozenset[str] = frozenset()
-    # the file suffixes (lower case, no dot) of a plain folder that `predict` may read: each file is a sample
-    predict_files: frozenset[str] = frozenset()
-    # every random draw of decode takes `batch_generator()` (project/data/decode_threads.py): decode threads may
-    # decode batches at once (collate runs in the loader's own thread, and may draw from torch's generator)
-    thread_safe: bool = False
+    # the class of the task `make_task` builds: its members and flags are known before it is built
+    task_type: ClassVar[type[Task]] = Task
 
     def __init__(
         self,
+        *,
         root: str | None = "data/demo",
         train: DataSpec | None = None,
         val: DataSpec | None = None,
@@ -129,10 +126,9 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         redact_hparams(self)  # URLs' secrets stay out of hparams.yaml, TensorBoard and checkpoints
         check_positive(batch_size=batch_size, shuffle_buffer=shuffle_buffer, prefetch_factor=prefetch_factor)
         check_positive(decode_threads=decode_threads)
-        if decode_threads > 1 and not self.thread_safe:
-            rank_zero_warn(
-                f"data.decode_threads: {type(self).__name__} is not thread_safe, so its batches decode one at a time"
-            )
+        if decode_threads > 1 and not self.task_type.thread_safe:
+            task = self.task_type.__name__
+            rank_zero_warn(f"data.decode_threads: {task} is not thread_safe, so its batches decode one at a time")
         check_positive(cache_gb=cache_gb, max_member_bytes=max_member_bytes, mix_shards=mix_shards)
         check_positive(max_compression_ratio=max_compression_ratio)
         check_not_negative(num_workers=num_workers, read_ahead_mb=read_ahead_mb)
@@ -148,7 +144,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         } | {"predict": predict}
         self.batch_size, self.num_workers, self.decode_threads = batch_size, num_workers, decode_threads
         self.shuffle_buffer, self.seed, self.mix_shards = shuffle_buffer, seed, mix_shards
-        self.fraction, self.prefetch_factor, self.max_skipped_fraction = fraction, prefetch_factor, max_skipped_fraction
+        self.fraction, self.prefetch_factor = fraction, prefetch_factor
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.cache_dir, self.cache_bytes = cache_dir, int(cache_gb * 1e9)
         self.read_ahead_bytes = int(read_ahead_mb * 1e6)
@@ -156,30 +152,25 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         self.max_compression_ratio = max_compression_ratio
         if num_workers > 0 and worker_start == "forkserver":
             # it imports the stream and this task while the trainer sets up; the first workers need it
-            start_forkserver([type(self).__module__])
-        self._ledgers: dict[str, SkipLedger] = {}  # the current pass's, by stage
-        self._resume_position: dict | None = None
-        self._split_starts: dict[str, int] = {}  # a split's next pass starts at this batch (predict resumes)
+            start_forkserver([self.task_type.__module__])
+        self.position = ResumePosition()  # saved in checkpoints as train_position
+        self.skips = SkipCount(max_skipped_fraction)
         self._loaders: dict[str, EpochLoader] = {}
         self._indexes: dict[str, ShardIndex] = {}
         self._prepared = False
 
-    # -- the task's hooks, run in the DataLoader workers --------------------------------------------
+    def make_task(self) -> Task:
+        """The task the workers receive: a `task_type` built from this module's settings and what it resolved
+        (class names, a tokenizer's hash). Called once, when the first stream is made."""
+        raise NotImplementedError(f"{type(self).__name__} must define make_task()")
 
-    def decode(self, sample: Sample, stage: str) -> Any:
-        """One example from one sample: {"__key__", "__url__", ext: bytes} for the `extensions` present.
-
-        Raise `project.errors.DecodeError` for a sample that cannot be used (a broken image, a missing
-        label): the stream leaves it out of its batch and counts it. `stage` is train, val, test or
-        predict. torch's random generator is seeded per training batch, so augmentation drawn from it is
-        the same when a run resumes.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must define decode(sample, stage)")
-
-    def collate(self, examples: list[Any], stage: str) -> Batch:
-        """One batch from the examples `decode` returned, in order: a `Batch` subclass. The stream fills
-        in its `keys`, `urls` and `skipped`."""
-        raise NotImplementedError(f"{type(self).__name__} must define collate(examples, stage)")
+    @cached_property
+    def task(self) -> Task:
+        """The task the streams decode and collate with (`make_task`'s, built once)."""
+        task = self.make_task()
+        if not isinstance(task, self.task_type):
+            raise TypeError(f"{type(self).__name__}.make_task must return a {self.task_type.__name__}")
+        return task
 
     def prepare_missing(self) -> None:
         """Write this data module's data if it is missing (the image task builds its demo): called once,
@@ -197,7 +188,7 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
             if spec is None:
                 raise UserError(f"no {split} data configured: set data.root or data.{split}")
             if split == "predict" and is_plain_folder(spec):
-                spec = pack_folder(spec, self.predict_files)
+                spec = pack_folder(spec, self.task_type.predict_files)
             self._indexes[split] = resolve_shards(spec)
         return self._indexes[split]
 
@@ -227,8 +218,8 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
     def stream(self, split: str) -> ShardStream:
         """The ShardStream of a split, planned for this trainer's ranks."""
         stream = ShardStream(
-            self.shards(split),
-            self,
+            shards=self.shards(split),
+            task=self.task,
             stage=split,
             batch_size=self.batch_size,
             seed=self.seed,
@@ -253,7 +244,8 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         workers = self.num_workers
         self._loaders[split] = EpochLoader(
             self.stream(split),
-            self,
+            position=self.position,
+            trainer=self.trainer,
             worker_start=self.worker_start,
             num_workers=workers,
             pin_memory=self.pin_memory,
@@ -274,6 +266,29 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
     def predict_dataloader(self) -> EpochLoader:
         return self.loader("predict")
 
+    def state_dict(self) -> dict[str, Any]:
+        loader = self._loaders.get("train")
+        position = self.position.current(self.trainer, loader.dataset if loader is not None else None)
+        return {"train_position": position} if position else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position.restore(state.get("train_position"))
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Count the samples the stream skipped, warn at a bounded rate, stop past the limit."""
+        if isinstance(batch, Batch) and batch.skipped:  # not a Batch: the model summary's example input
+            self.record_skipped(batch.skipped)
+        return batch
+
+    def record_skipped(self, skipped: list[Skipped]) -> None:
+        """Count skipped samples in this pass's ledger (a task that drops samples later calls it too)."""
+        if self.trainer is not None:
+            self.skips.record(skipped, self.trainer, self.split_samples)
+
+    def split_samples(self, split: str) -> int:
+        """The samples a split reads in a pass, over all ranks."""
+        return sum(shard.nsamples for shard in self.shards(split))
+
     def __repr__(self) -> str:
         """Its class and splits (redacted), and nothing more: Lightning's `__str__` builds every dataloader,
         which resolves every split (jsonargparse's links call it for a debug line)."""
@@ -281,9 +296,3 @@ class ShardDataModule(SkipAccounting, ResumePosition, L.LightningDataModule):
         return f"{type(self).__name__}({specs})"
 
     __str__ = __repr__
-
-    def __getstate__(self) -> dict[str, Any]:
-        """What the DataLoader workers get of this module (the stream's task): no trainer, loaders or shards."""
-        state = self.__dict__.copy()
-        state.update(trainer=None, _loaders={}, _ledgers={}, _indexes={}, _resume_position=None, _split_starts={})
-        return state

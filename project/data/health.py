@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from project.data.batch import Batch, Skipped
+from project.data.batch import Skipped
 from project.errors import ShardError
 from project.redact import redact, redact_text
 from project.shown import shown
@@ -61,31 +61,25 @@ class SkipLedger:
             )
 
 
-class SkipAccounting:
-    """A data module's accounting of the samples the stream skipped, a ledger per stage and pass (mixed into
-    `ShardDataModule`, which provides `trainer`, `shards(stage)` and `max_skipped_fraction`)."""
+class SkipCount:
+    """The one count of the samples a data module's stream skipped: a `SkipLedger` per stage and pass, each
+    stopping its pass past `max_fraction` of the samples the rank reads in it."""
 
-    _ledgers: dict[str, SkipLedger]  # the current pass's, by stage
+    def __init__(self, max_fraction: float) -> None:
+        self.max_fraction = max_fraction
+        self.ledgers: dict[str, SkipLedger] = {}  # the current pass's, by stage
 
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Count the samples the stream skipped, warn at a bounded rate, stop past the limit."""
-        if isinstance(batch, Batch) and batch.skipped:  # not a Batch: the model summary's example input
-            self.record_skipped(batch.skipped)
-        return batch
-
-    def record_skipped(self, skipped: list[Skipped]) -> None:
-        """Count skipped samples in this pass's ledger (a task that drops samples later calls it too)."""
-        trainer = self.trainer
-        if trainer is None:
-            return
+    def record(self, skipped: Sequence[Skipped], trainer: Any, samples: Callable[[str], int]) -> None:
+        """Count skipped samples in the ledger of the pass `trainer` runs now; `samples(stage)`: the samples of
+        a stage's split over all ranks, read for a new pass's ledger."""
         stage = "train" if trainer.training else "val" if (trainer.validating or trainer.sanity_checking) else "test"
         stage = "predict" if trainer.predicting else stage
         # the sanity check's batches are read again by the first validation pass: a ledger of its own, or a
         # sample skipped there would count twice against data.max_skipped_fraction
         key = "sanity" if trainer.sanity_checking else stage
-        ledger = self._ledgers.get(key)
+        ledger = self.ledgers.get(key)
         if ledger is None or ledger.epoch != trainer.current_epoch:
-            planned = sum(shard.nsamples for shard in self.shards(stage)) // trainer.world_size
-            ledger = SkipLedger(stage, trainer.current_epoch, planned, self.max_skipped_fraction)
-            self._ledgers[key] = ledger
+            planned = samples(stage) // trainer.world_size
+            ledger = SkipLedger(stage, trainer.current_epoch, planned, self.max_fraction)
+            self.ledgers[key] = ledger
         ledger.record(skipped)

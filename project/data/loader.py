@@ -1,28 +1,15 @@
-"""EpochLoader: the DataLoader of a `ShardStream`, which sets the stream's epoch before each pass and
-resumes mid-epoch where a restored checkpoint stopped."""
+"""EpochLoader: the DataLoader of a `ShardStream`, which sets the stream's epoch before each pass and starts it
+where the data module's `ResumePosition` says (mid-epoch after a restored checkpoint)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from torch.utils.data import DataLoader
 
-from project.data.position import resumed_start
+from project.data.position import ResumePosition
 from project.data.stream import ShardStream
 from project.data.workers import StartMethod, WorkerInit, as_is, worker_context
-
-
-class PositionKeeper(Protocol):
-    """Where a loader's training position is kept (`ShardDataModule`): its trainer, the position saved in
-    checkpoints and restored from them, and where a resumed evaluation pass (predict) starts."""
-
-    trainer: Any
-
-    def train_position(self) -> dict[str, int]: ...
-
-    def take_resume_position(self) -> dict | None: ...
-
-    def take_split_start(self, split: str) -> int: ...
 
 
 class EpochLoader(DataLoader):
@@ -32,12 +19,21 @@ class EpochLoader(DataLoader):
     is kept by the data module's `state_dict`: Lightning restores it before anything iterates the loader
     (its loops' loader states arrive only after `configure_optimizers` has already iterated it, when
     the model asks for `estimated_stepping_batches`).
+
+    Args:
+        dataset: the stream; its task is pickled into each worker.
+        position: where each pass starts (None: at the start of the stream's epoch).
+        trainer: the Trainer whose epoch each pass reads (None: the stream's own epoch).
+        worker_start: how the workers start (see project/data/workers.py).
+        **kwargs: DataLoader's (num_workers, pin_memory, prefetch_factor, ...).
     """
 
     def __init__(
         self,
         dataset: ShardStream,
-        datamodule: PositionKeeper | None = None,
+        *,
+        position: ResumePosition | None = None,
+        trainer: Any = None,
         worker_start: StartMethod = "forkserver",
         **kwargs: Any,
     ) -> None:
@@ -49,24 +45,20 @@ class EpochLoader(DataLoader):
             # see project/data/workers.py; the task's module is preloaded if this starts the forkserver
             kwargs["multiprocessing_context"] = worker_context(worker_start, [type(dataset.task).__module__])
         super().__init__(dataset, batch_size=None, worker_init_fn=WorkerInit(), **kwargs)
-        self.datamodule = datamodule
+        self.position, self.trainer = position, trainer
 
     def __iter__(self):  # noqa: ANN204
         stream = self.dataset
-        trainer = self.datamodule.trainer if self.datamodule is not None else None
-        epoch, done = (trainer.current_epoch if trainer is not None else stream.epoch), 0
-        position = self.datamodule.take_resume_position() if self.datamodule and stream.train else None
-        if position is not None:
-            epoch, done = resumed_start(position, stream)
-        elif self.datamodule is not None and not stream.train:
-            done = self.datamodule.take_split_start(stream.stage)
+        epoch = self.trainer.current_epoch if self.trainer is not None else stream.epoch
+        epoch, done = self.position.pass_start(stream, epoch) if self.position is not None else (epoch, 0)
         stream.set_epoch(epoch)
         stream.resume_after(done)
         return super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
-        """The training position (also in the data module's state): marks this loader as resumable."""
-        return self.datamodule.train_position() if self.datamodule is not None else {}
+        """Where training stands in this loader (also in the data module's state): marks it as resumable."""
+        stream = self.dataset
+        return self.position.current(self.trainer, stream) if self.position is not None and stream.train else {}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Nothing to do: the data module's state, restored first, carries the position."""

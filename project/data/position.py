@@ -1,5 +1,6 @@
-"""Where training stands, saved in checkpoints and restored from them: the mid-epoch resume position (mixed
-into `ShardDataModule`), and what a restored position means for the loader's next pass."""
+"""Where training stands, saved in checkpoints and restored from them, and where each pass over a split starts:
+the one owner of exact resume. The data module holds one `ResumePosition` and saves it under its
+"train_position" key; its loaders ask it where each pass starts."""
 
 from __future__ import annotations
 
@@ -12,45 +13,40 @@ SAVED_BEFORE = {"mix_shards": 1}  # a position saved before a setting existed wa
 
 
 class ResumePosition:
-    """A data module's training position (mixed into `ShardDataModule`, which provides `trainer` and the
-    loaders it made, `_loaders`), and the start of a resumed evaluation pass (predict)."""
+    """The training position (epoch, batches done, and the settings that planned the epoch), the one restored
+    from a checkpoint until the first training pass takes it, and the batch where a resumed evaluation pass
+    (predict) starts."""
 
-    trainer: Any
-    _loaders: dict
-    _resume_position: dict | None
-    _split_starts: dict[str, int]  # a split's next pass starts at this batch
+    def __init__(self) -> None:
+        self.restored: dict | None = None  # a checkpoint's, until the next training pass starts from it
+        self.split_starts: dict[str, int] = {}  # an evaluation split's next pass starts at this batch
 
-    def train_position(self) -> dict[str, int]:
-        """Where training stands: epoch, batches done in it, and the settings that planned it."""
-        trainer, loader = self.trainer, self._loaders.get("train")
-        if trainer is None or loader is None:
+    @staticmethod
+    def current(trainer: Any, stream: Any) -> dict[str, int]:
+        """Where training stands in `stream` (the training loader's): {} without a trainer or a stream."""
+        if trainer is None or stream is None:
             return {}
         # batches whose training step ran; Lightning's fetcher has already pulled one more (prefetch),
         # so what the loader yielded would overcount by one
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        stream = loader.dataset
         planned = {name: getattr(stream, name) for name in PLANNED_BY}
         return {"epoch": trainer.current_epoch, "batches": done, "epoch_batches": len(stream), **planned}
 
-    def state_dict(self) -> dict[str, Any]:
-        position = self.train_position()
-        return {"train_position": position} if position else {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume_position = state.get("train_position")
-
-    def take_resume_position(self) -> dict | None:
-        """The restored training position, once: only the first pass after a restore resumes."""
-        position, self._resume_position = self._resume_position, None
-        return position
+    def restore(self, position: dict | None) -> None:
+        """The position a checkpoint saved (None: none): the next training pass starts there."""
+        self.restored = position
 
     def start_split_at(self, split: str, batches: int) -> None:
         """Start the next pass over an evaluation split at its batch `batches` (a resumed predict)."""
-        self._split_starts[split] = batches
+        self.split_starts[split] = batches
 
-    def take_split_start(self, split: str) -> int:
-        """The batch where this pass over `split` starts, once (0 unless `start_split_at` set one)."""
-        return self._split_starts.pop(split, 0)
+    def pass_start(self, stream: Any, epoch: int) -> tuple[int, int]:
+        """(epoch, batches done) where the next pass over `stream` starts, in the trainer's `epoch`: a restored
+        training position or an evaluation split's start is taken, once; otherwise the epoch's first batch."""
+        if not stream.train:
+            return epoch, self.split_starts.pop(stream.stage, 0)
+        position, self.restored = self.restored, None
+        return (epoch, 0) if position is None else resumed_start(position, stream)
 
 
 def resumed_start(position: dict, stream: Any) -> tuple[int, int]:

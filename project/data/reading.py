@@ -98,7 +98,13 @@ class PartReader:
         seen, reason = 0, ""
         try:
             for sample in read_samples(
-                shard.url, segment.start, segment.stop, extensions, opener, self.max_member_bytes, self.max_ratio
+                shard.url,
+                segment.start,
+                segment.stop,
+                extensions=extensions,
+                open_stream=opener,
+                max_member_bytes=self.max_member_bytes,
+                max_ratio=self.max_ratio,
             ):
                 seen += 1
                 yield sample

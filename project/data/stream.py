@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -35,21 +34,10 @@ from project.data.reading import Missing, PartReader
 from project.data.samples import MAX_MEMBER_BYTES, REFUSED, Sample
 from project.data.shard_index import Shard, ShardOpen
 from project.data.tarreader import MAX_COMPRESSION_RATIO
+from project.data.task import Task
 from project.errors import DecodeError, ShardError, is_interrupt
 
 STAGES = ("train", "val", "test", "predict")
-
-
-class Task(Protocol):
-    """What the stream asks of a task, in the DataLoader workers (`ShardDataModule` implements it)."""
-
-    extensions: frozenset[str]  # the tar members decode reads; no other member is read into memory
-
-    def decode(self, sample: Sample, stage: str) -> Any:
-        """One example from one sample's members; raises `DecodeError` for a sample it cannot use."""
-
-    def collate(self, examples: list[Any], stage: str) -> Batch:
-        """A batch from a list of examples, in order."""
 
 
 def shuffled(
@@ -99,7 +87,8 @@ class ShardStream(IterableDataset):
 
     Args:
         shards: the split's shards with their sample counts.
-        task: decodes samples and collates examples (it is pickled into each DataLoader worker).
+        task: decodes samples and collates examples (project/data/task.py): it is pickled into each DataLoader
+            worker, the stream's one part that is the task's.
         stage: train (shuffle, and drop the last partial batches), or val, test or predict (every sample
             exactly once, in index order).
         batch_size: samples per batch on each device.
@@ -125,9 +114,9 @@ class ShardStream(IterableDataset):
 
     def __init__(
         self,
+        *,
         shards: Sequence[Shard],
         task: Task,
-        *,
         stage: str,
         batch_size: int,
         seed: int = 0,
@@ -201,7 +190,7 @@ class ShardStream(IterableDataset):
         index, done = resume_point(self.batches_done, len(plans), worker)
         plan = plans[index]
         batches = enumerate(self._sample_batches(plan, done), start=done)
-        if self.decode_threads <= 1 or not getattr(self.task, "thread_safe", False):
+        if self.decode_threads <= 1 or not self.task.thread_safe:
             for number, samples in batches:
                 yield self._batch(samples, plan, number)
             return

@@ -7,7 +7,7 @@ generic kernel. Here a sample's box and flip come from one draw of torch's gener
 at 32 px and about a third of torchvision's time at 224 (benchmarks/augment_cost.py).
 
 The image task crops each training image right after decoding it, while its pixels are still in the CPU's
-cache (`ImageShards.decode`): 0.15 ms a photograph less than decoding a batch and then cropping it, and a
+cache (`ImageTask.decode`): 0.15 ms a photograph less than decoding a batch and then cropping it, and a
 worker holds one decoded photograph at a time instead of a batch of them (benchmarks/README.md).
 
 Resampling: bilinear while a crop shrinks by at most 2x (each output pixel still averages its 2x2

@@ -1,47 +1,29 @@
-"""ImageShards: the image classification task's data module: samples of an image and a label, decoded safely
-and augmented in the DataLoader workers (or decoded on the training device), batched as uint8 images."""
+"""ImageShards: the image classification task's data module: its settings (`--data.image_size`, `--data.augment`
+...), the `ImageTask` it builds for the DataLoader workers (project/tasks/image/task.py), the demo built when it is
+missing, and JPEGs decoded on the training device after the transfer (decode_on=device)."""
 
 from __future__ import annotations
 
-import math
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchvision.transforms import v2
 
 from project.data.datamodule import ShardDataModule, check_positive
-from project.data.decode_threads import batch_generator
-from project.data.samples import Sample
-from project.data.shared import pooled_empty
-from project.data.stream import ShardStream
-from project.errors import DecodeError
 from project.tasks.demos import build_once, uses_folder
-from project.tasks.image.batch import EncodedImageBatch, ImageBatch, ImageExample
-from project.tasks.image.crops import CropFlip, hwc
-from project.tasks.image.decode import (
-    ARRAY_EXTENSIONS,
-    IMAGE_EXTENSIONS,
-    LABEL_EXTENSIONS,
-    MAX_IMAGE_PIXELS,
-    WANTED_EXTENSIONS,
-    check_pixels,
-    check_resized,
-    decode_sample,
-    jpeg_size,
-    optional_label,
-    sample_label,
-)
+from project.tasks.image.batch import EncodedImageBatch
+from project.tasks.image.crops import CropFlip
+from project.tasks.image.decode import MAX_IMAGE_PIXELS
 from project.tasks.image.device_decode import DeviceDecoder
-from project.tasks.image.transforms import Preset, build_transform, described, pixels, training_transform, transform_all
+from project.tasks.image.task import ImageTask
+from project.tasks.image.transforms import Preset, described, training_transform
 from project.tasks.labels import ClassNames
 
 DEMO_ROOT = Path("data/demo")
 # a pipeline given as data.augment is an nn.Module: the hyperparameters keep its config (redact.plain), not it
 warnings.filterwarnings("ignore", message="Attribute 'augment' is an instance of `nn.Module`")
-JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 class ImageShards(ClassNames, ShardDataModule):
@@ -68,13 +50,11 @@ class ImageShards(ClassNames, ShardDataModule):
             batch_size, num_workers, shuffle_buffer, seed, fraction, ...).
     """
 
-    extensions = WANTED_EXTENSIONS
-    label_extensions = frozenset(LABEL_EXTENSIONS)
-    thread_safe = True  # every draw of decode takes batch_generator() (collate's run in the loader's thread)
-    predict_files = frozenset(IMAGE_EXTENSIONS + ARRAY_EXTENSIONS)
+    task_type: ClassVar[type[ImageTask]] = ImageTask
 
     def __init__(
         self,
+        *,
         image_size: int = 32,
         augment: Preset | v2.Transform = "light",
         classes: list[str] | None = None,
@@ -86,22 +66,28 @@ class ImageShards(ClassNames, ShardDataModule):
         super().__init__(**kwargs)
         self.image_size, self.augment, self.decode_on = image_size, augment, decode_on
         self.max_image_pixels = max_image_pixels
-        train = training_transform(augment, image_size)
-        evaluation = build_transform("none", image_size, train=False)
-        self.transforms = {"train": train, "val": evaluation, "test": evaluation, "predict": evaluation}
-        self.device_decoder = DeviceDecoder(train, image_size, max_image_pixels) if decode_on == "device" else None
-        # the training crop and flip, batched (crops.py); torchvision runs the preset's other steps per sample
-        self.crop_flip, self.train_rest = CropFlip.split(self.transforms["train"])
-        # decode at a reduced JPEG scale only while the smallest usual crop still covers image_size
-        smallest = self.crop_flip.scale[0] if self.crop_flip else 1.0
-        self.decode_sizes = {"train": math.ceil(image_size / math.sqrt(smallest))}
+        self.train_transform = training_transform(augment, image_size)
+        device = decode_on == "device"
+        self.device_decoder = DeviceDecoder(self.train_transform, image_size, max_image_pixels) if device else None
         self._classes = classes
+
+    def make_task(self) -> ImageTask:
+        """The workers' task (a `task_type`: a subclass of ImageTask may take its place), with the class names
+        resolved here, once."""
+        return self.task_type(
+            image_size=self.image_size,
+            train_transform=self.train_transform,
+            classes=self.classes,
+            decode_on=self.decode_on,
+            max_image_pixels=self.max_image_pixels,
+        )
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit":
             rank_zero_info(f"augmentation: {self.augmentation()}")
-            per_sample = self.train_rest is not None if self.crop_flip is not None else self.augment != "none"
+            crop_flip, rest = CropFlip.split(self.train_transform)
+            per_sample = rest is not None if crop_flip is not None else self.augment != "none"
             if self.decode_threads > 1 and per_sample:
                 # collate runs them in the loader's own thread, with torch's generator (decode_threads.py)
                 rank_zero_info(
@@ -111,86 +97,17 @@ class ImageShards(ClassNames, ShardDataModule):
 
     def augmentation(self) -> str:
         """Which path the training transform takes: the batched crop and flip, torchvision per sample, or both."""
-        if self.crop_flip is None:
-            return f"{described(self.transforms['train'])} (torchvision v2, per sample)"
-        flip = ", RandomHorizontalFlip" if self.crop_flip.flip else ""
-        rest = f", then {described(self.train_rest)} (torchvision v2, per sample)" if self.train_rest else ""
+        crop_flip, rest = CropFlip.split(self.train_transform)
+        if crop_flip is None:
+            return f"{described(self.train_transform)} (torchvision v2, per sample)"
+        flip = ", RandomHorizontalFlip" if crop_flip.flip else ""
+        rest = f", then {described(rest)} (torchvision v2, per sample)" if rest else ""
         return f"RandomResizedCrop{flip} (batched, crops.py){rest}"
 
     def prepare_missing(self) -> None:
         """Build the demo data when the configuration reads it and it is missing."""
         if uses_folder(self, DEMO_ROOT):
             ensure_demo(DEMO_ROOT)
-
-    def stream(self, split: str) -> ShardStream:
-        self.classes  # noqa: B018 - resolved here, once: the workers' copies decode label names with it
-        return super().stream(split)
-
-    # -- in the DataLoader workers --------------------------------------------------------------------
-
-    def decode(self, sample: Sample, stage: str) -> ImageExample:
-        """The sample's label and its pixels (for training, already cropped and flipped), or, with
-        decode_on=device, its JPEG bytes. For predict the label is optional (`NO_LABEL` when missing)."""
-        need_label = stage != "predict"
-        if self.decode_on == "device":
-            extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
-            jpeg = sample[extension] if extension in ("jpg", "jpeg") else b""
-            # only a JPEG whose size its header states is deferred: one whose frame header jpeg_size cannot find (a
-            # stray byte before it, which libjpeg skips) is decoded here, where PIL reads its size first
-            if jpeg.startswith(JPEG_MAGIC) and (dimensions := jpeg_size(jpeg)) and min(dimensions) > 0:
-                # a bad label fails here, as on the CPU path; so does a JPEG that declares too many pixels
-                label = sample_label(sample, self.classes) if need_label else optional_label(sample, self.classes)
-                try:
-                    check_pixels(*dimensions, self.max_image_pixels)
-                except ValueError as error:
-                    raise DecodeError.of(sample, error) from None
-                return ImageExample(label, jpeg=jpeg, url=sample["__url__"])
-        example = self.decode_pixels(sample, stage)
-        if stage == "train" and self.crop_flip is not None:
-            return self.train_crop(example)  # now, while the decoded pixels are in the CPU's cache (crops.py)
-        return example
-
-    def decode_pixels(self, sample: Sample, stage: str) -> ImageExample:
-        """The sample's label and its whole decoded image (at a reduced JPEG scale where training allows)."""
-        size = self.decode_sizes.get(stage, self.image_size)
-        image, label = decode_sample(sample, size, self.classes, stage != "predict", self.max_image_pixels)
-        example = ImageExample(label, pixels(image))
-        try:  # a sliver of an image would grow past the pixel bound in the transform's Resize
-            check_resized(*example.pixels.shape[-2:], self.image_size, self.max_image_pixels)
-        except ValueError as error:
-            raise DecodeError.of(sample, error) from None
-        return example
-
-    def train_crop(self, example: ImageExample) -> ImageExample:
-        """A decoded training example with its image cropped, resized and flipped (`crop_flip`)."""
-        cropped = self.crop_flip.crop(hwc(example.pixels))
-        return example._replace(pixels=torch.from_numpy(cropped).permute(2, 0, 1))
-
-    def collate(self, examples: list[ImageExample], stage: str) -> ImageBatch:
-        """Transform the decoded images (as one batch when the transform is deterministic) and stack them."""
-        decoded = [row for row, example in enumerate(examples) if example.pixels is not None]
-        images = [examples[row].pixels for row in decoded]
-        if images and stage == "train" and self.crop_flip is not None:
-            # cropped and flipped by `decode`; the preset's other steps per image (ColorJitter, ...)
-            rest = self.train_rest
-            transformed = stack_channels_last([rest(image) for image in images] if rest is not None else images)
-        else:
-            transformed = transform_all(self.transforms[stage], images) if images else None
-        label = torch.tensor([example.label for example in examples], dtype=torch.long)
-        if len(decoded) == len(examples):
-            return ImageBatch(image=transformed, label=label)
-        encoded = [row for row, example in enumerate(examples) if example.pixels is None]
-        # the device's crops and flips, from the batch's seeded generator: the same on resume
-        seed = int(torch.randint(2**62, (), generator=batch_generator())) if stage == "train" else None
-        return EncodedImageBatch(
-            image=transformed,
-            label=label,
-            image_rows=decoded,
-            jpegs=[examples[row].jpeg for row in encoded],
-            jpeg_rows=encoded,
-            jpeg_urls=[examples[row].url for row in encoded],
-            augment_seed=seed,
-        )
 
     # -- in the training process ----------------------------------------------------------------------
 
@@ -202,15 +119,6 @@ class ImageShards(ClassNames, ShardDataModule):
         if skipped:
             self.record_skipped(skipped)
         return batch
-
-
-def stack_channels_last(images: list[torch.Tensor]) -> torch.Tensor:
-    """Same-sized CHW images as one [N, C, H, W] batch in channels-last memory; in a DataLoader worker, in one of
-    its reused shared buffers (project/data/shared.py)."""
-    channels, height, width = images[0].shape
-    out = pooled_empty((len(images), height, width, channels), images[0].dtype)
-    torch.stack([image.permute(1, 2, 0) for image in images], out=out)
-    return out.permute(0, 3, 1, 2)
 
 
 def ensure_demo(root: Path) -> None:

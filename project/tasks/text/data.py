@@ -1,5 +1,7 @@
-"""TextShards: the text classification task's data module: a `.txt` text and a `.cls` label per sample,
-tokenized in the DataLoader workers with the tokenizer trained on the training split, and padded per batch."""
+"""TextShards: the text classification task's data module: a `.txt` text and a `.cls` label per sample, tokenized
+in the DataLoader workers by the `TextTask` it builds (project/tasks/text/task.py) with the tokenizer trained on
+the training split, and padded per batch. Here: its settings, the tokenizer's path and hash, and the passes over
+the training texts before a fit (the baseline's, an encoder's idf)."""
 
 from __future__ import annotations
 
@@ -8,43 +10,36 @@ import os
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from project.data.datamodule import ShardDataModule, check_positive
-from project.data.decode_threads import batch_generator
 from project.data.remote import is_remote
-from project.data.samples import Sample, read_samples
-from project.data.stream import ShardStream
+from project.data.samples import read_samples
 from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
-from project.tasks.labels import MAX_LABEL_BYTES, NO_LABEL, ClassNames, label_index
-from project.tasks.text.batch import TextBatch, TextExample, pad_examples
+from project.tasks.labels import ClassNames
 from project.tasks.text.frequencies import count_documents
 from project.tasks.text.hashed import NAME as HASHED
 from project.tasks.text.hashed import HashedNGrams
+from project.tasks.text.task import TextTask, open_tokenizer, text_and_label, text_chars
 from project.tasks.text.tokenizer import (
     COMMAND,
     FILE_NAME,
     check_tokenizer,
     file_hash,
-    load_tokenizer,
     recorded_tokenizer,
-    text_prefix,
 )
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers are the parallelism
 DEMO_ROOT = Path("data/text-demo")
 PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>")  # ours, BERT-style and GPT-style tokenizers' padding tokens
-CHARS_PER_TOKEN = 32  # a BPE or WordPiece token spans a few characters; 32 leaves room for long merged runs
 
 
 class TextShards(ClassNames, ShardDataModule):
     """Text classification samples from WebDataset shards: a `.txt` member (UTF-8 text) and a `.cls`
-    member (an integer label or a class name), as `python -m project.data.prepare SOURCE --text` writes.
+    member (an integer label or a class name), as `python -m project.shards.prepare SOURCE --out DIR` writes.
 
     Texts are tokenized in the DataLoader workers, truncated to `max_tokens`, and padded to the longest
     text of each batch (not to max_tokens). Only these two members are read.
@@ -52,8 +47,8 @@ class TextShards(ClassNames, ShardDataModule):
     Args:
         tokenizer: the tokenizer.json to encode with, or a Hugging Face folder (its AutoTokenizer), or
             `hashed`: each text's word 1-2-grams and character 2-5-grams hashed into `hash_buckets` ids, with
-            no tokenizer to train (project/tasks/text/hashed.py). By default a pretrained model's folder
-            (model.pretrained), else the one beside the training split's shard index (`python -m
+            no tokenizer to train (project/tasks/text/hashed.py). By default a pretrained encoder's folder
+            (model.encoder.folder), else the one beside the training split's shard index (`python -m
             project.tasks.text.tokenizer DATA` writes it there, and records its hash in the index: a run with
             a tokenizer that differs from the recorded one stops).
         max_tokens: tokens kept of each text (the first ones); with `hashed`, the most ids of a text.
@@ -69,13 +64,11 @@ class TextShards(ClassNames, ShardDataModule):
             batch_size, num_workers, shuffle_buffer, seed, fraction, bucket_by_size, ...).
     """
 
-    extensions = frozenset({"txt", "cls"})
-    label_extensions = frozenset({"cls"})
-    thread_safe = True  # every draw of decode takes batch_generator() (decode_threads.py)
-    predict_files = frozenset({"txt"})  # a plain folder of .txt files: one text each
+    task_type: ClassVar[type[TextTask]] = TextTask
 
     def __init__(
         self,
+        *,
         tokenizer: str | None = None,
         max_tokens: int = 128,
         hash_buckets: int = 1 << 18,
@@ -100,7 +93,7 @@ class TextShards(ClassNames, ShardDataModule):
         self.tokenizer_file, self.max_tokens, self.token_dropout = tokenizer, max_tokens, token_dropout
         self.hash_buckets, self.ngram_ids = hash_buckets, ngram_ids
         self._classes = classes
-        self._tokenizer = None  # loaded where it is used: once in each DataLoader worker
+        self._tokenizer = None  # loaded where it is first used
 
     @property
     def ngram_buckets(self) -> int:
@@ -120,7 +113,8 @@ class TextShards(ClassNames, ShardDataModule):
 
     @cached_property
     def tokenizer_path(self) -> str:
-        """The tokenizer file: the configured one, or the one the training split's index records."""
+        """The tokenizer file (or folder, or `hashed`): the configured one, or the one the training split's index
+        records."""
         if self.tokenizer_file:
             return self.tokenizer_file
         spec = next((self.specs[split] for split in ("train", "val", "test") if self.specs[split]), None)
@@ -158,19 +152,10 @@ class TextShards(ClassNames, ShardDataModule):
 
     @property
     def tokenizer(self):  # noqa: ANN201 - tokenizers.Tokenizer
+        """The tokenizer, for this process's own use (the vocabulary, the padding id, idf's counts); the
+        workers' task loads its own."""
         if self._tokenizer is None:
-            if self.hashed:
-                tokenizer = HashedNGrams(self.hash_buckets, self.max_tokens)
-            elif Path(self.tokenizer_path).is_dir():  # a pretrained model's folder: its AutoTokenizer
-                from project.tasks.text.pretrained import folder_tokenizer
-
-                tokenizer = folder_tokenizer(self.tokenizer_path)
-                tokenizer.encode_special_tokens = True
-            else:
-                tokenizer = load_tokenizer(self.tokenizer_path)
-            tokenizer.enable_truncation(self.max_tokens)  # keeps a BERT tokenizer's [CLS] ... [SEP]
-            tokenizer.no_padding()  # collate pads, to each batch's longest text
-            self._tokenizer = tokenizer
+            self._tokenizer = open_tokenizer(self.tokenizer_path, self.max_tokens, self.hash_buckets)
         return self._tokenizer
 
     @cached_property
@@ -201,99 +186,44 @@ class TextShards(ClassNames, ShardDataModule):
 
             build_once(DEMO_ROOT, demo_is_complete, make_demo, took="about 20 s")
 
-    def stream(self, split: str) -> ShardStream:
-        # resolved here, once: the workers' copies get them without reading an index or hashing a file
-        self.classes, self.tokenizer_hash, self.vocab_size, self.pad_id  # noqa: B018
-        return super().stream(split)
+    def make_task(self) -> TextTask:
+        """The workers' task (a `task_type`), with what is resolved here, once: they get it without reading an index
+        or hashing a file."""
+        return self.task_type(
+            tokenizer=self.tokenizer_path,
+            tokenizer_hash=self.tokenizer_hash,
+            vocab_size=self.vocab_size,
+            pad_id=self.pad_id,
+            max_tokens=self.max_tokens,
+            hash_buckets=self.hash_buckets,
+            ngram_ids=self.ngram_ids,
+            token_dropout=self.token_dropout,
+            classes=self.classes,
+        )
 
     def read_texts(self, split: str) -> Iterator[tuple[str, int] | None]:
         """Each sample of a split's shards as training reads it (data.fraction, the text's start, label checks):
-        its text and class index, or None for one that training would skip. The baseline and model.idf read
+        its text and class index, or None for one that training would skip. The baseline and idf's counts read
         through it. Close it (contextlib.closing) when stopping early: the open shard is closed with it."""
         for shard in self.shards(split):
             with contextlib.closing(
-                read_samples(shard.url, stop=shard.nsamples, extensions=self.extensions)
+                read_samples(shard.url, stop=shard.nsamples, extensions=self.task_type.extensions)
             ) as samples:
                 for sample in samples:
                     try:
-                        yield self.text_and_label(sample, split)
+                        yield text_and_label(sample, split, self.classes, text_chars(self.max_tokens, self.ngram_ids))
                     except DecodeError:
                         yield None
 
     def document_frequencies(
         self, by_class: bool = False, part: tuple[int, int] = (0, 1), ngrams: bool = False
     ) -> tuple[np.ndarray, int]:
-        """How many training texts hold each id, and how many texts were read: model.idf's weights, and with
-        `by_class` model.nb's counts per class (frequencies.py). With `ngrams`, of the hashed n-grams beside the
+        """How many training texts hold each id, and how many texts were read: an encoder's idf weights, and with
+        `by_class` its nb counts per class (frequencies.py). With `ngrams`, of the hashed n-grams beside the
         tokens (data.ngram_ids), which a model's n-gram branch weighs."""
-        if ngrams and self.ngram_encoder is None:
-            raise UserError("model.ngram_branch reads hashed n-grams beside the tokens: set data.ngram_ids (8192)")
         encoder, vocabulary = (self.ngram_encoder, self.hash_buckets) if ngrams else (self.tokenizer, self.vocab_size)
         return count_documents(self, encoder, vocabulary, by_class, part)
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids (padding left out), for reports."""
         return self.tokenizer.decode([token for token in tokens if token != self.pad_id])
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_tokenizer"] = None
-        state.pop("ngram_encoder", None)  # made again where it is used
-        return state
-
-    # -- in the DataLoader workers --------------------------------------------------------------------
-
-    def decode(self, sample: Sample, stage: str) -> TextExample:
-        """The sample's label and its token ids, some dropped at random in training (`token_dropout`)."""
-        text, label = self.text_and_label(sample, stage)
-        encoding = self.tokenizer.encode(text)
-        tokens = encoding.ids
-        if not tokens or max(tokens) >= self.vocab_size:  # a stranger's tokenizer.json: ids the model's table lacks
-            raise DecodeError.of(sample, f"the tokenizer gives it no ids, or ids past its {self.vocab_size:,}")
-        if stage == "train" and self.token_dropout > 0 and len(tokens) > 1:
-            # torch's generator, seeded per training batch by the stream: the same drops on resume
-            drop = (torch.rand(len(tokens), generator=batch_generator()) < self.token_dropout).tolist()
-            special = encoding.special_tokens_mask
-            kept = [token for token, gone, keep in zip(tokens, drop, special, strict=True) if keep or not gone]
-            tokens = kept if len(kept) > sum(special) else tokens
-        ngrams = None if self.ngram_encoder is None else self.ngram_encoder.encode(text).ids
-        return TextExample(tokens, label, ngrams)
-
-    def text_and_label(self, sample: Sample, stage: str) -> tuple[str, int]:
-        """The sample's text (its start, `text_prefix`) and class index; a `DecodeError` for one that cannot be
-        used. Training and the linear baseline (tasks/text/linear.py) read samples through it alike."""
-        try:
-            text = self.text_prefix(sample["txt"])
-            label = self.label_of(sample) if stage == "predict" else label_index(self.label_text(sample), self.classes)
-        except KeyError as error:
-            raise DecodeError.of(sample, f"no .{error.args[0]} member") from None
-        except (UnicodeDecodeError, ValueError) as error:
-            raise DecodeError.of(sample, error) from None
-        if not text.strip():
-            raise DecodeError.of(sample, "the text is empty")
-        return text, label
-
-    def text_prefix(self, data: bytes) -> str:
-        """The start of a text that can hold `max_tokens` tokens (CHARS_PER_TOKEN characters each): a
-        tokenizer's work is linear in what it is given, and a member may hold 512 MiB, so the rest is never
-        decoded. Invalid UTF-8 within that start is a `UnicodeDecodeError`."""
-        # hashed n-grams read at most 2 characters per id of the text's start (hashed.py)
-        return text_prefix(data, max(self.max_tokens * CHARS_PER_TOKEN, self.ngram_ids))
-
-    @staticmethod
-    def label_text(sample: Sample) -> str:
-        data = sample["cls"]
-        if len(data) > MAX_LABEL_BYTES:
-            raise ValueError(f"its .cls label member holds {len(data):,} bytes, over {MAX_LABEL_BYTES:,}")
-        return data.decode("utf-8").strip()
-
-    def label_of(self, sample: Sample) -> int:
-        """For predict: the sample's label, or `NO_LABEL` when it has none that can be read."""
-        try:
-            return label_index(self.label_text(sample), self.classes)
-        except (KeyError, ValueError, UnicodeDecodeError):
-            return NO_LABEL
-
-    def collate(self, examples: list[TextExample], stage: str) -> TextBatch:
-        """Pad the examples' tokens to the longest of them."""
-        return pad_examples(examples, self.pad_id)
