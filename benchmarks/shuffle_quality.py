@@ -133,10 +133,9 @@ def ddp_order(data, args: argparse.Namespace, world_size: int, workers: int, mix
     from project.data.batch import Batch
     from project.data.specs import resolve_shards
     from project.data.stream import ShardStream
+    from project.data.task import Task
 
-    class Keys:
-        extensions = frozenset()
-
+    class Keys(Task):
         def decode(self, sample: dict, stage: str) -> str:
             return sample["__key__"]
 
@@ -148,7 +147,12 @@ def ddp_order(data, args: argparse.Namespace, world_size: int, workers: int, mix
     ranks, ratios = [], []
     for rank in range(world_size):
         stream = ShardStream(
-            shards, Keys(), stage="train", batch_size=args.batch_size, num_workers=workers, mix_shards=mix_shards
+            shards=shards,
+            task=Keys(),
+            stage="train",
+            batch_size=args.batch_size,
+            num_workers=workers,
+            mix_shards=mix_shards,
         )
         stream.set_topology(world_size, rank)
         per_worker = []

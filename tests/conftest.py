@@ -26,6 +26,7 @@ from project.data.workers import proc_stat, start_forkserver
 from project.tasks import WORKER_MODULES
 from project.tasks.image.data import ImageShards
 from project.tasks.image.demo import make_demo
+from project.tasks.image.task import ImageTask
 
 REPO = Path(__file__).resolve().parent.parent
 CLASSES = ["zero", "one", "two"]
@@ -37,9 +38,14 @@ def jpeg(value: int, size: int = 8) -> bytes:
     return buffer.getvalue()
 
 
-def image_task(image_size: int = 8, augment: str = "light", **kwargs) -> ImageShards:
-    """The image task as a stream's decoder (no splits of its own): labels named by CLASSES."""
+def image_data(image_size: int = 8, augment: str = "light", **kwargs) -> ImageShards:
+    """The image task's data module, with no splits of its own unless given: labels named by CLASSES."""
     return ImageShards(root=None, image_size=image_size, augment=augment, classes=CLASSES, num_workers=0, **kwargs)
+
+
+def image_task(image_size: int = 8, augment: str = "light", **kwargs) -> ImageTask:
+    """The image task as a stream's decoder (`image_data`'s task)."""
+    return image_data(image_size, augment, **kwargs).task
 
 
 def write_shards(

@@ -1,6 +1,7 @@
 """A task the core has never heard of, written the way a user adds one: regression on `.npy` feature
-vectors with a tiny MLP. It touches no file of project/: a data module with `decode` and `collate`, a batch
-type, a LightningModule, and a config file (tests/regression.yaml) that picks them by class path."""
+vectors with a tiny MLP. It touches no file of project/: a task with `decode` and `collate` (what the
+DataLoader workers receive), a data module that adds the task's flags and builds it, a batch type, a
+LightningModule, and a config file (tests/regression.yaml) that picks them by class path."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from project.data.batch import Batch
 from project.data.datamodule import ShardDataModule
 from project.data.samples import Sample
 from project.data.shard_index import INDEX_NAME, Shard, write_index
+from project.data.task import Task
 from project.errors import DecodeError
 
 FEATURES = 8
@@ -33,19 +35,17 @@ class VectorBatch(Batch):
     target: torch.Tensor  # float32 [B]
 
 
-class VectorShards(ShardDataModule):
-    """Samples of a `.npy` float vector and a `.value` target (a number as text).
+class VectorTask(Task):
+    """Samples of a `.npy` float vector and a `.value` target (a number as text), in the DataLoader workers.
 
     Args:
         noise: standard deviation of the Gaussian noise added to training features (an augmentation
             drawn from torch's generator, which the stream seeds per batch).
-        **kwargs: the shard, loader and resume settings of `ShardDataModule`.
     """
 
     extensions = frozenset({"npy", "value"})
 
-    def __init__(self, noise: float = 0.0, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, noise: float = 0.0) -> None:
         self.noise = noise
 
     def decode(self, sample: Sample, stage: str) -> tuple[torch.Tensor, float]:
@@ -62,6 +62,24 @@ class VectorShards(ShardDataModule):
     def collate(self, examples: list[tuple[torch.Tensor, float]], stage: str) -> VectorBatch:
         features = torch.stack([vector for vector, _ in examples])
         return VectorBatch(features=features, target=torch.tensor([target for _, target in examples]))
+
+
+class VectorShards(ShardDataModule):
+    """The vector task's data module: its flag (`--data.noise`) beside the shard, loader and resume settings.
+
+    Args:
+        noise: standard deviation of the Gaussian noise added to training features.
+        **kwargs: the shard, loader and resume settings of `ShardDataModule`.
+    """
+
+    task_type = VectorTask
+
+    def __init__(self, *, noise: float = 0.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.noise = noise
+
+    def make_task(self) -> VectorTask:
+        return VectorTask(noise=self.noise)
 
 
 class MLPRegressor(L.LightningModule):

@@ -4,6 +4,7 @@ DDP with equal batches and exactly-once evaluation, with no change to any file o
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from project.train import main as train
 
 from .conftest import REPO, run_module
 from .helpers import load_records, recorder, step_checkpoints
-from .regression_task import VectorBatch, VectorShards, write_vector_shards
+from .regression_task import VectorBatch, VectorShards, VectorTask, write_vector_shards
 
 pytestmark = pytest.mark.slow
 BATCH = 8
@@ -56,8 +57,17 @@ def test_its_data_module_decodes_only_its_members_into_its_own_batches(data):
     batches = list(module.val_dataloader())
     assert all(isinstance(batch, VectorBatch) and batch.features.shape[1:] == (8,) for batch in batches)
     assert sorted(key for batch in batches for key in batch.keys) == sorted(keys["val"])
-    sample = next(read_samples(resolve_shards(str(root / "val")).shards[0].url, extensions=module.extensions))
+    sample = next(read_samples(resolve_shards(str(root / "val")).shards[0].url, extensions=module.task.extensions))
     assert set(sample) == {"__key__", "__url__", "npy", "value"}
+
+
+def test_its_workers_receive_its_task_and_not_its_data_module(data):
+    root, _ = data
+    module = VectorShards(root=str(root), batch_size=BATCH, num_workers=2, noise=0.25)
+    pickled = pickle.dumps(module.loader("val").dataset)  # what each DataLoader worker unpickles
+    assert b"VectorShards" not in pickled and b"lightning" not in pickled and b"ShardIndex" not in pickled
+    task = pickle.loads(pickled).task
+    assert type(task) is VectorTask and task.noise == 0.25
 
 
 def test_it_trains_and_resumes_exactly_mid_epoch(data, tmp_path, monkeypatch):

@@ -93,8 +93,8 @@ def test_the_device_path_refuses_a_bomb_in_the_worker():
 
     shards = ImageShards(decode_on="device", root="unused", classes=["a", "b"], max_image_pixels=1_000_000)
     with pytest.raises(DecodeError, match="over data.max_image_pixels"):
-        shards.decode(sample("jpg", jpeg_bomb()), "train")
-    assert shards.decode(sample("jpg", small("JPEG")), "train").jpeg is not None  # a normal JPEG goes on
+        shards.task.decode(sample("jpg", jpeg_bomb()), "train")
+    assert shards.task.decode(sample("jpg", small("JPEG")), "train").jpeg is not None  # a normal JPEG goes on
 
 
 def test_the_device_paths_pil_fallback_uses_the_configured_bound():

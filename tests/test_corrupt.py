@@ -8,10 +8,11 @@ import json
 import logging
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from project.data.health import SkipLedger
+from project.data.health import SkipCount, SkipLedger
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import ShardError
@@ -56,7 +57,9 @@ def corrupt_split(tmp_path) -> tuple[Path, list[str], set[str]]:
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_each_unreadable_sample_is_skipped_and_counted_once(corrupt_split, num_workers):
     folder, keys, bad = corrupt_split
-    stream = ShardStream(resolve_shards(str(folder)).shards, image_task(), stage="val", batch_size=4, skip_corrupt=True)
+    stream = ShardStream(
+        shards=resolve_shards(str(folder)).shards, task=image_task(), stage="val", batch_size=4, skip_corrupt=True
+    )
     batches = epoch_batches(stream, num_workers)
     seen = [key for batch in batches for key in batch.keys]
     skipped = [entry for batch in batches for entry in batch.skipped]
@@ -69,7 +72,7 @@ def test_each_unreadable_sample_is_skipped_and_counted_once(corrupt_split, num_w
 
 def test_without_skipping_the_first_unreadable_sample_is_an_error(corrupt_split):
     folder, _, _ = corrupt_split
-    stream = ShardStream(resolve_shards(str(folder)).shards, image_task(), stage="val", batch_size=4)
+    stream = ShardStream(shards=resolve_shards(str(folder)).shards, task=image_task(), stage="val", batch_size=4)
     with pytest.raises(ShardError, match="val-000000.tar"):
         epoch_batches(stream, 0)
 
@@ -90,6 +93,36 @@ def test_too_many_skips_stop_the_epoch_naming_the_worst_shards():
     ledger.record([("good.tar", "b", "x")])  # 2 of 200 = 1%: still allowed
     with pytest.raises(ShardError, match=r"3 of the 200 train samples .* worst shards: good.tar \(2\), bad.tar \(1\)"):
         ledger.record([("bad.tar", "c", "x")])
+
+
+def test_the_skip_count_keeps_a_ledger_per_stage_and_pass_and_the_sanity_check_its_own():
+    trainer = SimpleNamespace(
+        training=True, validating=False, sanity_checking=False, predicting=False, current_epoch=0, world_size=2
+    )
+    asked: list[str] = []
+
+    def samples(stage: str) -> int:
+        asked.append(stage)
+        return 400  # 200 a rank: 2 skips are 1%, a third is past it
+
+    count = SkipCount(max_fraction=0.01)
+    count.record([("a.tar", "k1", "x"), ("a.tar", "k2", "x")], trainer, samples)
+    assert count.ledgers["train"].planned == 200 and count.ledgers["train"].skipped == 2
+    trainer.current_epoch = 1  # a new pass: a new ledger, counting from 0
+    count.record([("a.tar", "k3", "x")], trainer, samples)
+    assert count.ledgers["train"].skipped == 1 and count.ledgers["train"].epoch == 1
+    trainer.training, trainer.sanity_checking = False, True
+    count.record([("v.tar", "k", "x")] * 2, trainer, samples)
+    trainer.sanity_checking, trainer.validating = False, True  # the first validation reads those batches again
+    count.record([("v.tar", "k", "x")] * 2, trainer, samples)
+    assert count.ledgers["sanity"].skipped == count.ledgers["val"].skipped == 2 and asked == [
+        "train",
+        "train",
+        "val",
+        "val",
+    ]
+    with pytest.raises(ShardError, match="3 of the 200 val samples of this epoch are unreadable"):
+        count.record([("v.tar", "k", "x")], trainer, samples)
 
 
 def cli_args(folder: Path, *extra: str) -> list[str]:

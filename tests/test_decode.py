@@ -43,8 +43,8 @@ def test_planted_pickles_are_never_loaded(tmp_path, shard_folder):
     payload = pickle.dumps(TouchOnLoad(str(evidence)))
     members = {"pyd": payload, "pickle": payload, "pth": payload, "pkl": payload}
     folder, keys = shard_folder([5, 4], name="val", extra_members=members)
-    stream = ShardStream(resolve_shards(str(folder)).shards, image_task(), stage="val", batch_size=3)
-    seen = [key for batch in EpochLoader(stream, None, num_workers=2) for key in batch.keys]
+    stream = ShardStream(shards=resolve_shards(str(folder)).shards, task=image_task(), stage="val", batch_size=3)
+    seen = [key for batch in EpochLoader(stream, num_workers=2) for key in batch.keys]
     assert sorted(seen) == sorted(keys)  # the samples were read, with their pickles beside them
     assert not evidence.exists(), "a pickle member was unpickled"
 

@@ -21,8 +21,10 @@ from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import DecodeError, UserError
 from project.tasks.image.data import ImageShards
+from project.tasks.image.task import ImageTask
+from project.tasks.image.transforms import training_transform
 
-from .conftest import CLASSES, image_task
+from .conftest import CLASSES, image_data, image_task
 
 
 @pytest.fixture
@@ -51,8 +53,8 @@ def shard_folder(tmp_path):
 
 def stream_for(folder, task, *, train=True, threads=1, num_workers=0, **kwargs) -> ShardStream:
     return ShardStream(
-        resolve_shards(str(folder)).shards,
-        task,
+        shards=resolve_shards(str(folder)).shards,
+        task=task,
         stage="train" if train else "val",
         batch_size=4,
         num_workers=num_workers,
@@ -68,7 +70,7 @@ def epoch(stream: ShardStream, num_workers: int = 0, done: int = 0) -> list:
     loader alone would start the epoch over)."""
     if done:
         stream.resume_after(done)
-    batches = stream if done else EpochLoader(stream, None, num_workers=num_workers)
+    batches = stream if done else EpochLoader(stream, num_workers=num_workers)
     return [(b.keys, b.image.clone(), b.label.clone()) for b in batches]
 
 
@@ -118,9 +120,14 @@ def test_a_resumed_threaded_epoch_is_the_rest_of_the_uninterrupted_one(shard_fol
         assert_same(epoch(stream_for(folder, task, threads=2), done=done), whole[done:])
 
 
-class Unsafe(ImageShards):
+def own(task_type: type[ImageTask]) -> ImageTask:
+    """A task of a user's own, subclassing the image task (8 px, light augmentation, labels named by CLASSES)."""
+    return task_type(image_size=8, train_transform=training_transform("light", 8), classes=CLASSES)
+
+
+class Unsafe(ImageTask):
     """A user's task whose decode draws from torch's generator, not `batch_generator()`, so it says it is not
-    thread-safe (as a task of its own does by default, ShardDataModule's)."""
+    thread-safe (as a task of its own does by default, `Task`'s)."""
 
     thread_safe = False
 
@@ -132,12 +139,18 @@ class Unsafe(ImageShards):
 
 def test_a_task_that_is_not_thread_safe_still_gets_the_batches_of_one_thread(shard_folder):
     folder, _ = shard_folder([10, 7, 13, 6])
+
+    class UnsafeShards(ImageShards):
+        task_type = Unsafe
+
     with pytest.warns(UserWarning, match="Unsafe is not thread_safe, so its batches decode one at a time"):
-        task = Unsafe(root=None, image_size=8, augment="light", classes=CLASSES, num_workers=0, decode_threads=2)
+        data = UnsafeShards(root=None, image_size=8, augment="light", classes=CLASSES, num_workers=0, decode_threads=2)
+    task = data.task
+    assert type(task) is Unsafe
     assert_same(epoch(stream_for(folder, task, threads=3)), epoch(stream_for(folder, task)))
 
 
-class Meeting(ImageShards):
+class Meeting(ImageTask):
     """Each decode waits for another thread's decode: only batches decoded at once get past it."""
 
     thread_safe = True
@@ -150,12 +163,12 @@ class Meeting(ImageShards):
 
 def test_threads_decode_batches_at_the_same_time(shard_folder):
     folder, keys = shard_folder([8, 8])
-    task = Meeting(root=None, image_size=8, augment="light", classes=CLASSES, num_workers=0)
+    task = own(Meeting)
     batches = epoch(stream_for(folder, task, threads=2, skip_corrupt=False))
     assert sorted(k for batch in batches for k in batch[0]) == sorted(keys)
 
 
-class Breaks(ImageShards):
+class Breaks(ImageTask):
     thread_safe = True
 
     def decode(self, sample, stage):  # noqa: ANN001, ANN201
@@ -170,7 +183,7 @@ def decode_threads_alive() -> list[threading.Thread]:
 
 def test_an_error_in_a_decode_thread_is_raised_in_order_and_the_threads_stop(shard_folder):
     folder, keys = shard_folder([8, 8], name="val")
-    task = Breaks(root=None, image_size=8, augment="light", classes=CLASSES, num_workers=0)
+    task = own(Breaks)
     got = []
     with pytest.raises(DecodeError, match="broken on purpose"):
         for batch in stream_for(folder, task, train=False, threads=2, skip_corrupt=False):
@@ -246,9 +259,9 @@ def test_decode_threads_must_be_positive():
     ("augment", "told"), [("light", False), ("none", False), ("standard", True), (USER_PIPELINE, True)]
 )
 def test_fit_says_when_torchvisions_steps_run_one_batch_at_a_time(caplog, augment, told):
-    task = image_task(augment=augment, decode_threads=2)
+    data = image_data(augment=augment, decode_threads=2)
     with caplog.at_level(logging.INFO):
-        task.setup("fit")
+        data.setup("fit")
     assert ("torchvision's per-sample steps run one batch at a time" in caplog.text) == told
 
 

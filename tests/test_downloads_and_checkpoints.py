@@ -136,10 +136,10 @@ def test_a_remote_shard_longer_than_its_index_declares_stops_in_one_line(tmp_pat
         }
         shards = read_index(f"{server.url}/d/shardindex.json").shards
         options = dict(stage="val", batch_size=1, cache_dir=str(cache) if cached else None)
-        batches = list(ShardStream(shards[:1], image_task(), **options))  # exactly its filesize: read whole
+        batches = list(ShardStream(shards=shards[:1], task=image_task(), **options))  # exactly its filesize: read whole
         assert [batch.keys for batch in batches] == [["s1"]]
         with pytest.raises(ShardError) as error:
-            list(ShardStream(shards[1:], image_task(), **options))
+            list(ShardStream(shards=shards[1:], task=image_task(), **options))
     line = str(error.value)
     assert "\n" not in line and "endless.tar" in line, line
     assert f"more than {filesize:,} bytes, the filesize its shard index declares" in line, line
@@ -291,7 +291,7 @@ COMMANDS = [  # (command, damage, what its one line names)
 @pytest.mark.slow
 @pytest.mark.parametrize(("command", "damage", "fragment"), COMMANDS, ids=[f"{c}-{f[:30]}" for c, _, f in COMMANDS])
 def test_every_command_refuses_a_damaged_checkpoint_in_one_line(
-    last_checkpoint, tiny_demo, tmp_path, command, damage, fragment
+    *, last_checkpoint, tiny_demo, tmp_path, command, damage, fragment
 ):
     path = tmp_path / "damaged.ckpt"
     torch.save(damaged(last_checkpoint, damage), path)
@@ -430,8 +430,9 @@ def test_optimizer_states_a_fused_step_would_write_past_are_refused_before_it_ru
 def test_a_text_checkpoint_whose_tokenizer_hash_is_no_text_is_one_line():
     """`theirs[:12]` of a number stopped evaluate with a TypeError traceback."""
     from project.tasks.text import TextClassifier
+    from project.tasks.text.encoders import Bag
 
-    model = TextClassifier(num_classes=2, vocab_size=300, tokenizer_hash="ab" * 32, encoder="bag", dim=8)
+    model = TextClassifier(num_classes=2, vocab_size=300, tokenizer_hash="ab" * 32, encoder=Bag)
     with pytest.raises(UserError, match="another tokenizer \\(sha256 12345…\\)"):
         model.on_load_checkpoint({"hyper_parameters": {"tokenizer_hash": 12345}, "state_dict": {}})
 
@@ -439,10 +440,10 @@ def test_a_text_checkpoint_whose_tokenizer_hash_is_no_text_is_one_line():
 @pytest.mark.slow  # a child process, with a hang guard
 def test_a_model_folders_pickled_weights_that_would_cost_without_bound_are_refused(tmp_path, monkeypatch):
     """transformers unpickles a folder's pytorch_model.bin (weights_only) when it has no safetensors file: a dict
-    key of 2^100 tuples in it hung model.pretrained's loading, hashed for ever."""
+    key of 2^100 tuples in it hung a Pretrained encoder's loading, hashed for ever."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers")
-    from project.tasks.text.pretrained import PretrainedEncoder
+    from project.tasks.text.pretrained import load_model
 
     from .test_text_runs import tiny_distilbert
 
@@ -450,10 +451,10 @@ def test_a_model_folders_pickled_weights_that_would_cost_without_bound_are_refus
     model = transformers.AutoModel.from_pretrained(str(tmp_path / "safe"), local_files_only=True)
     folder = tmp_path / "pickled"
     model.save_pretrained(folder, safe_serialization=False)
-    assert PretrainedEncoder(str(folder)).dim == 32  # a folder of pickled weights loads
+    assert load_model(str(folder)).config.hidden_size == 32  # a folder of pickled weights loads
     state = dict(model.state_dict())
     with_pickled(state, lambda s: s.update({SENTINEL: torch.zeros(1)}), tuple_dag(100), folder / "bomb")
     (folder / "bomb").replace(folder / "pytorch_model.bin")
-    encoder = f"from project.tasks.text.pretrained import PretrainedEncoder; PretrainedEncoder({str(folder)!r})"
+    encoder = f"from project.tasks.text.pretrained import load_model; load_model({str(folder)!r})"
     line = refused_in_a_child(encoder)
     assert "pytorch_model.bin: refused: its archive/data.pkl unpickles to more than 10,000,000 objects" in line, line

@@ -53,13 +53,13 @@ def readable_keys(url: str) -> list[str]:
     """The keys of the planned samples that read_samples reads before the shard breaks, if it does."""
     keys: list[str] = []
     with contextlib.suppress(ShardError):
-        for sample in read_samples(url, 0, NSAMPLES, TASK.extensions):
+        for sample in read_samples(url, 0, NSAMPLES, extensions=TASK.extensions):
             keys.append(sample["__key__"])
     return keys
 
 
 def stream_outcome(url: str, skip: bool, readable: list[str]) -> str:
-    stream = ShardStream([Shard(url, NSAMPLES)], TASK, stage="val", batch_size=NSAMPLES, skip_corrupt=skip)
+    stream = ShardStream(shards=[Shard(url, NSAMPLES)], task=TASK, stage="val", batch_size=NSAMPLES, skip_corrupt=skip)
     try:
         (batch,) = list(stream)
     except UserError as error:

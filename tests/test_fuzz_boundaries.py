@@ -452,7 +452,7 @@ def index_case(data: bytes, folder: Path, params: dict) -> dict:
         assert classes is None or (len(classes) <= MAX_CLASSES and all(isinstance(c, str) for c in classes))
         outcome["classes"] = stopped or ("none" if classes is None else f"{len(classes)} classes")
         for stage in ("train", "val"):
-            stream = ShardStream(index.shards, IMAGE_TASK, stage=stage, batch_size=2, num_workers=2)
+            stream = ShardStream(shards=index.shards, task=IMAGE_TASK, stage=stage, batch_size=2, num_workers=2)
             batches, stopped = attempt(lambda stream=stream: len(stream))
             outcome[f"plan {stage}"] = stopped or ("batches" if batches else "no batch")
         data_module = TextShards(root=None, train=str(folder), num_workers=0)
@@ -679,8 +679,10 @@ def planned_keys(url: str) -> list[str]:
     return [sample["__key__"] for sample in read_samples(url, extensions=frozenset())]
 
 
-def stream_outcome(url: str, keys: list[str], task, stage: str, skip: bool, num_classes: int):
-    stream = ShardStream([Shard(url, len(keys))], task, stage=stage, batch_size=len(keys), skip_corrupt=skip)
+def stream_outcome(url: str, keys: list[str], task, *, stage: str, skip: bool, num_classes: int):
+    stream = ShardStream(
+        shards=[Shard(url, len(keys))], task=task, stage=stage, batch_size=len(keys), skip_corrupt=skip
+    )
     batches, stopped = attempt(lambda: list(stream))
     if stopped:
         return "stopped", None
@@ -711,8 +713,10 @@ def member_case(data: bytes, folder: Path, params: dict, tasks: dict) -> dict:
     num_classes = len(CLASSES if params["task"] == "image" else TEXT_CLASSES)
 
     def body() -> dict:
-        skip, read = stream_outcome(url, keys, task, params["stage"], True, num_classes)
-        strict, read_strictly = stream_outcome(url, keys, task, params["stage"], False, num_classes)
+        skip, read = stream_outcome(url, keys, task, stage=params["stage"], skip=True, num_classes=num_classes)
+        strict, read_strictly = stream_outcome(
+            url, keys, task, stage=params["stage"], skip=False, num_classes=num_classes
+        )
         assert (skip == "read all") == (strict == "read all"), (skip, strict)
         assert read_strictly is None or read_strictly == read, (read, read_strictly)
         return {"skip": skip, "strict": strict}
@@ -868,12 +872,12 @@ def listing_case(data: bytes, folder: Path, params: dict) -> dict:
         outcome["read"] = stopped or f"{len(loaded[0])} records"
         out = folder / "out"
         result, stopped = attempt(
-            lambda: prepare(source, out, samples_per_shard=2, workers=1, quiet=True, text=text, dedup="off")
+            lambda: prepare(source, out=out, samples_per_shard=2, workers=1, quiet=True, text=text, dedup="off")
         )
         if result is not None:
             assert all(one_line(line) for line in result.skipped), result.skipped
             written = 0
-            for split, shards in result.items():
+            for split, shards in result.shards.items():
                 index = json.loads((out / split / INDEX_NAME).read_text())  # read_index's buffer is 64 MiB
                 assert len(index["classes"]) <= MAX_CLASSES
                 for shard in shards:
@@ -982,7 +986,7 @@ def tasks(tmp_path_factory) -> dict:
     """The image task, and the text task with a 300-token tokenizer trained on 120 demo reviews."""
     root = tmp_path_factory.mktemp("texts")
     write_csv(root / "reviews.csv", samples=120, seed=0)
-    prepare(str(root / "reviews.csv"), root, samples_per_shard=100, workers=1, quiet=True, text=True, dedup="off")
+    prepare(str(root / "reviews.csv"), out=root, samples_per_shard=100, workers=1, quiet=True, text=True, dedup="off")
     train_tokenizer(root, vocab_size=300, quiet=True)
     text = TextShards(
         root=None,
@@ -991,8 +995,9 @@ def tasks(tmp_path_factory) -> dict:
         max_tokens=32,
         num_workers=0,
     )
-    text.tokenizer, text.vocab_size, text.pad_id  # noqa: B018 - loaded once, outside the cases' bounds
-    return {"image": IMAGE_TASK, "text": text}
+    task = text.task  # its tokenizer's hash, vocabulary and padding id, resolved once
+    task.tokenizer  # noqa: B018 - loaded once, outside the cases' bounds
+    return {"image": IMAGE_TASK, "text": task}
 
 
 @pytest.fixture(scope="module", autouse=True)

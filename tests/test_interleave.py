@@ -20,15 +20,14 @@ from project.data.plan import Mix, Segment, skip_samples, train_plan
 from project.data.position import resumed_start
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
+from project.data.task import Task
 
 from .conftest import image_task
 
 
 @dataclass
-class KeysOnly:
+class KeysOnly(Task):
     """A task that reads no member: a batch is its keys (fast, in process)."""
-
-    extensions: frozenset[str] = frozenset()
 
     def decode(self, sample, stage):
         return sample["__key__"]
@@ -44,8 +43,8 @@ def shard_of(key: str) -> int:
 
 def keys_stream(folder, *, workers: int, mix_shards: int, task=None, **kwargs) -> ShardStream:
     return ShardStream(
-        resolve_shards(str(folder)).shards,
-        task or KeysOnly(),
+        shards=resolve_shards(str(folder)).shards,
+        task=task or KeysOnly(),
         stage="train",
         batch_size=kwargs.pop("batch_size", 16),
         shuffle_buffer=kwargs.pop("shuffle_buffer", 64),
@@ -126,7 +125,7 @@ def test_a_resumed_mixed_epoch_continues_with_the_same_batches(sorted_shards, do
 def test_a_mixed_epoch_through_dataloader_workers_matches_the_in_process_plan(shard_folder):
     folder, _ = shard_folder([12] * 6)
     stream = keys_stream(folder, workers=2, mix_shards=32, task=image_task(), batch_size=4, shuffle_buffer=8)
-    batches = [batch.keys for batch in EpochLoader(stream, None, num_workers=2)]
+    batches = [batch.keys for batch in EpochLoader(stream, num_workers=2)]
     expected = rank_batches(folder, workers=2, mix_shards=32, batch_size=4, shuffle_buffer=8)
     assert batches == expected
     # every batch of 4 holds 4 different shards: a plain read would give one or two

@@ -18,7 +18,7 @@ from project.data.shard_index import Shard
 from project.data.stream import ShardStream
 from project.data.tarreader import tar_members
 from project.errors import ShardError, UserError
-from tests.conftest import image_task, jpeg
+from tests.conftest import image_data, image_task, jpeg
 
 EIGHT_GIB = 8 << 30
 
@@ -52,7 +52,7 @@ def test_an_oversized_member_is_skipped_with_its_reason_and_the_rest_is_read(tmp
     assert REFUSED not in samples[0] and samples[2]["jpg"] == jpeg(30)
 
     stream = ShardStream(
-        [Shard(url, 3)], image_task(), stage="val", batch_size=3, skip_corrupt=True, max_member_bytes=4096
+        shards=[Shard(url, 3)], task=image_task(), stage="val", batch_size=3, skip_corrupt=True, max_member_bytes=4096
     )
     (batch,) = list(stream)
     assert batch.keys == ["a", "c"]
@@ -62,7 +62,7 @@ def test_an_oversized_member_is_skipped_with_its_reason_and_the_rest_is_read(tmp
 
 def test_without_skipping_an_oversized_member_stops_with_one_line_naming_the_shard(tmp_path):
     url = shard(tmp_path, [*labelled("a", jpeg(10) + bytes(5000))])
-    stream = ShardStream([Shard(url, 1)], image_task(), stage="val", batch_size=1, max_member_bytes=4096)
+    stream = ShardStream(shards=[Shard(url, 1)], task=image_task(), stage="val", batch_size=1, max_member_bytes=4096)
     with pytest.raises(ShardError, match=rf"sample 'a' in shard {url}: member a.jpg declares") as error:
         list(stream)
     assert "\n" not in str(error.value)
@@ -97,7 +97,7 @@ def test_a_long_name_or_pax_header_of_gigabytes_is_a_read_error(kind):
 def test_the_bound_is_a_checked_data_setting():
     with pytest.raises(UserError, match="data.max_member_bytes must be positive, got 0"):
         image_task(max_member_bytes=0)
-    assert image_task().max_member_bytes == 1 << 29
+    assert image_data().max_member_bytes == 1 << 29
 
 
 def test_inspect_and_the_index_tool_name_an_oversized_member_without_reading_it(tmp_path, monkeypatch):

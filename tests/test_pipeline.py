@@ -12,19 +12,20 @@ import torch
 
 from project.data.batch import Batch
 from project.data.loader import EpochLoader
+from project.data.position import ResumePosition
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream, shuffled
 from project.errors import DecodeError, ShardError
 from project.tasks.image.batch import ImageBatch
 
-from .conftest import image_task
+from .conftest import image_data, image_task
 
 
 def stream_for(folder, *, train, batch_size=4, num_workers=0, world_size=1, rank=0, **kwargs) -> ShardStream:
     stream = ShardStream(
-        resolve_shards(str(folder)).shards,
-        image_task(),
+        shards=resolve_shards(str(folder)).shards,
+        task=image_task(),
         stage="train" if train else "val",
         batch_size=batch_size,
         num_workers=num_workers,
@@ -37,7 +38,7 @@ def stream_for(folder, *, train, batch_size=4, num_workers=0, world_size=1, rank
 
 def epoch_batches(stream: ShardStream, num_workers: int, epoch: int = 0) -> list[Batch]:
     stream.set_epoch(epoch)
-    loader = EpochLoader(stream, None, num_workers=num_workers)
+    loader = EpochLoader(stream, num_workers=num_workers)
     batches = list(loader)
     assert len(batches) == len(loader), "len(dataloader) disagrees with the batches it yields"
     return batches
@@ -147,6 +148,40 @@ def test_the_shuffle_buffer_lets_its_samples_go_as_they_leave_and_never_holds_tw
     assert most <= 8 and sorted(seen) == list(range(100))
 
 
+def test_the_workers_receive_the_task_and_nothing_of_the_data_module(shard_folder):
+    import pickle
+
+    folder, keys = shard_folder([6], name="val")
+    data = image_data(val=str(folder))
+    pickled = pickle.dumps(data.loader("val").dataset)  # what each worker unpickles
+    for name in (b"ImageShards", b"ResumePosition", b"SkipCount", b"ShardIndex", b"EpochLoader", b"lightning"):
+        assert name not in pickled, name
+    stream = pickle.loads(pickled)
+    assert type(stream.task).__name__ == "ImageTask" and stream.task.classes == data.classes
+    assert keys_of(epoch_batches(stream, 2)) == keys
+
+
+def test_the_position_starts_a_restored_pass_once_and_an_evaluation_split_where_it_was_set(shard_folder):
+    folder, _ = shard_folder([20])
+    stream = stream_for(folder, train=True)  # 5 batches of 4
+    planned = {"world_size": 1, "num_workers": 1, "mix_shards": 1}
+    position = ResumePosition()
+    assert position.pass_start(stream, 3) == (3, 0)
+    position.restore({"epoch": 1, "batches": 2, "epoch_batches": 5, **planned})
+    assert position.pass_start(stream, 0) == (1, 2)
+    assert position.pass_start(stream, 0) == (0, 0)  # taken: the next pass starts its epoch
+    position.restore({"epoch": 1, "batches": 5, "epoch_batches": 5, **planned})
+    assert position.pass_start(stream, 0) == (2, 0)  # saved at the end of its epoch: the next one
+    validation = stream_for(folder, train=False)
+    position.start_split_at("val", 3)
+    assert position.pass_start(validation, 4) == (4, 3)
+    assert position.pass_start(validation, 4) == (4, 0)
+    assert position.current(None, stream) == {}
+    loader = EpochLoader(stream, position=position)
+    position.restore({"epoch": 0, "batches": 3, "epoch_batches": 5, **planned})
+    assert len(list(loader)) == 2  # the restored pass resumed at batch 3 of 5
+
+
 def test_stale_index_is_a_clear_error(shard_folder):
     folder, _ = shard_folder([4, 4], name="val")
     index = folder / "shardindex.json"
@@ -182,7 +217,7 @@ def test_shards_stream_from_a_url_through_their_remote_index(shard_folder, tmp_p
         url = f"http://127.0.0.1:{server.server_port}/val/shardindex.json"
         index = resolve_shards(url)
         assert index.shards[0].url == f"http://127.0.0.1:{server.server_port}/val/val-000000.tar"
-        stream = ShardStream(index.shards, image_task(), stage="val", batch_size=4)
+        stream = ShardStream(shards=index.shards, task=image_task(), stage="val", batch_size=4)
         assert sorted(keys_of(epoch_batches(stream, 2))) == sorted(keys)
     finally:
         server.shutdown()

@@ -22,7 +22,7 @@ from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import ShardError, UserError
 
-from .conftest import image_task
+from .conftest import image_data, image_task
 from .test_pipeline import epoch_batches, keys_of
 
 EXTENSIONS = frozenset({"jpg", "cls"})
@@ -62,7 +62,7 @@ def read_all(urls: list[str], opener: ShardOpener, pause: float = 0.0) -> tuple[
     worker decoding it), and when each shard's last byte was consumed (its samples read, its stream closed)."""
     samples, done = [], {}
     for url in urls:
-        for sample in read_samples(url, 0, None, EXTENSIONS, opener):
+        for sample in read_samples(url, extensions=EXTENSIONS, open_stream=opener):
             samples.append(sample)
             time.sleep(pause)
         done[url] = time.monotonic()
@@ -98,8 +98,8 @@ def test_batches_and_resumed_batches_are_the_same_with_and_without_read_ahead(se
     for rank in (0, 1):
         for budget in (READ_AHEAD_BYTES, 3 * 4096, 0):  # 3 * 4096: less than a shard, a fetch holds a chunk
             stream = ShardStream(
-                shards,
-                image_task(),
+                shards=shards,
+                task=image_task(),
                 stage=stage,
                 batch_size=4,
                 shuffle_buffer=10,
@@ -128,7 +128,7 @@ def test_a_prefetched_shard_that_fails_to_open_is_reported_against_that_shard(se
     shards = resolve_shards(f"{base}/val/shardindex.json").shards
     broken = shards[1].url
 
-    skipping = ShardStream(shards, image_task(), stage="val", batch_size=10, skip_corrupt=True)
+    skipping = ShardStream(shards=shards, task=image_task(), stage="val", batch_size=10, skip_corrupt=True)
     batches = epoch_batches(skipping, num_workers=0)
     assert keys_of(batches) == keys[:5] + keys[10:]
     assert [skipped.url for batch in batches for skipped in batch.skipped] == [broken] * 5
@@ -136,7 +136,7 @@ def test_a_prefetched_shard_that_fails_to_open_is_reported_against_that_shard(se
 
     errors = []
     for budget in (READ_AHEAD_BYTES, 0):
-        stream = ShardStream(shards, image_task(), stage="val", batch_size=5, read_ahead_bytes=budget)
+        stream = ShardStream(shards=shards, task=image_task(), stage="val", batch_size=5, read_ahead_bytes=budget)
         reader = iter(stream)
         assert next(reader).keys == keys[:5]  # the shard before is read whole, although the next one failed
         with pytest.raises(ShardError) as error:
@@ -198,7 +198,9 @@ def test_a_read_error_reaches_the_reader_after_the_bytes_before_it_naming_the_sh
         opener, keys = ShardOpener(urls, open_stream, budget), []
         with pytest.raises(ShardError) as error:
             for url in urls:
-                keys.extend(sample["__key__"] for sample in read_samples(url, 0, None, EXTENSIONS, opener))
+                keys.extend(
+                    sample["__key__"] for sample in read_samples(url, extensions=EXTENSIONS, open_stream=opener)
+                )
         opener.close()
         outcomes.append((keys, str(error.value)))
     (ahead, message), (direct, direct_message) = outcomes
@@ -246,7 +248,7 @@ def test_a_pass_that_stops_early_leaves_no_fetch_running(shard_folder):
     folder, _ = shard_folder([8, 8, 8, 8], name="val")
     urls, counters, open_stream = fake_store(folder)
     opener = ShardOpener(urls, open_stream, READ_AHEAD_BYTES)
-    samples = read_samples(urls[0], 0, None, EXTENSIONS, opener)
+    samples = read_samples(urls[0], extensions=EXTENSIONS, open_stream=opener)
     next(samples)
     samples.close()  # the reader stops mid-shard, as a worker does at the end of its plan
     opener.close()
@@ -276,10 +278,11 @@ def test_a_shard_other_than_the_plans_next_is_a_bug():
 def test_the_data_module_hands_its_setting_to_its_streams_and_refuses_a_negative_one(shard_folder):
     folder, _ = shard_folder([4], name="val")
     assert (
-        ShardStream([Shard("x.tar", 1)], image_task(), stage="val", batch_size=1).read_ahead_bytes == READ_AHEAD_BYTES
+        ShardStream(shards=[Shard("x.tar", 1)], task=image_task(), stage="val", batch_size=1).read_ahead_bytes
+        == READ_AHEAD_BYTES
     )
-    assert image_task(val=str(folder)).stream("val").read_ahead_bytes == READ_AHEAD_BYTES
-    assert image_task(val=str(folder), read_ahead_mb=0).stream("val").read_ahead_bytes == 0
+    assert image_data(val=str(folder)).stream("val").read_ahead_bytes == READ_AHEAD_BYTES
+    assert image_data(val=str(folder), read_ahead_mb=0).stream("val").read_ahead_bytes == 0
     with pytest.raises(UserError, match=r"^data.read_ahead_mb must be 0 or more, got -1$"):
         image_task(read_ahead_mb=-1)
 
@@ -305,7 +308,7 @@ def test_a_mixed_group_reads_its_remote_shards_side_by_side_within_the_read_ahea
     task = image_task()
     task.extensions = frozenset({"jpg", "cls", "bin"})  # the big members are read: the bytes held are real
     stream = ShardStream(
-        shards, task, stage="train", batch_size=2, shuffle_buffer=4, read_ahead_bytes=budget, mix_shards=4
+        shards=shards, task=task, stage="train", batch_size=2, shuffle_buffer=4, read_ahead_bytes=budget, mix_shards=4
     )
     peaks, keys = [], []
     for batch in stream:
@@ -315,7 +318,9 @@ def test_a_mixed_group_reads_its_remote_shards_side_by_side_within_the_read_ahea
     assert len(openers) == 4  # a lane per shard of the group, each with its share of the budget
     assert max(peaks) <= 2.5 * budget
     assert max(peaks) > 0  # it did read ahead
-    plain = ShardStream(shards, task, stage="train", batch_size=2, shuffle_buffer=4, read_ahead_bytes=0, mix_shards=4)
+    plain = ShardStream(
+        shards=shards, task=task, stage="train", batch_size=2, shuffle_buffer=4, read_ahead_bytes=0, mix_shards=4
+    )
     assert keys == [key for batch in plain for key in batch.keys]
 
 
@@ -325,7 +330,7 @@ def test_a_mixed_groups_lanes_request_their_shards_together_not_one_after_anothe
     shards = resolve_shards(f"{base}/split/shardindex.json").shards
     handler.delay = 0.3  # a distant store's first byte
     handler.arrivals = {}
-    stream = ShardStream(shards, image_task(), stage="train", batch_size=4, shuffle_buffer=4, mix_shards=4)
+    stream = ShardStream(shards=shards, task=image_task(), stage="train", batch_size=4, shuffle_buffer=4, mix_shards=4)
     started = time.monotonic()
     next(iter(stream))  # the first batch needs a sample of every lane
     arrivals = sorted(time - started for path, time in handler.arrivals.items() if path.endswith(".tar"))

@@ -78,7 +78,7 @@ def test_streaming_through_dropped_connections_reads_every_sample_exactly_once(s
     url, handler = server
     folder, keys = shard_folder([12, 7, 9], name="val")
     index = resolve_shards(f"{url}/val/shardindex.json")
-    stream = ShardStream(index.shards, image_task(), stage="val", batch_size=5)
+    stream = ShardStream(shards=index.shards, task=image_task(), stage="val", batch_size=5)
     seen = Counter(keys_of(epoch_batches(stream, num_workers)))
     assert set(seen) == set(keys) and set(seen.values()) == {1}
     assert len(handler.cut) == 3  # every shard's connection was cut once

@@ -86,8 +86,11 @@ def test_resuming_mid_epoch_replays_nothing_skips_nothing_and_ends_with_equal_we
     # mid epoch 0 (batch 7), and mid epoch 1 (batch 3: an odd count rotates the workers)
     for step in (7, 21):
         ckpt = whole / "steps" / f"step={step}.ckpt"
-        loader_state = torch.load(ckpt, weights_only=True)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        saved = torch.load(ckpt, weights_only=True)
+        loader_state = saved["loops"]["fit_loop"]["state_dict"]["combined_loader"]
         assert loader_state[0]["batches"] == step % 18 and loader_state[0]["epoch"] == step // 18
+        # the data module's state, as checkpoints have always held it: what a resume reads
+        assert saved["ImageShards"] == {"train_position": loader_state[0]}
         folder = tmp_path / f"from{step}"
         resumed = run_here(
             "project.train", *train_args(data, workers, folder / "records"), f"--ckpt_path={ckpt}", cwd=tmp_path

@@ -33,6 +33,7 @@ from project.data.tarwriter import FastTarWriter
 from project.errors import DecodeError, ShardError, UserError, is_interrupt
 from project.tasks.image import device_decode
 from project.tasks.image.data import ImageShards
+from project.tasks.image.task import ImageTask
 from project.tasks.text import TextShards
 from project.tasks.text.pretrained import folder_tokenizer
 from project.tasks.text.tokenizer import FILE_NAME, file_hash, load_tokenizer, train_tokenizer
@@ -139,7 +140,7 @@ def test_a_run_over_a_sample_that_panics_the_tokenizer_finishes_and_counts_it(te
     assert {stage for stage in ("train", "val") for line in warned if f"{stage} sample" in line} == {"train", "val"}
 
 
-def raising(task: ImageShards, key: str, error: BaseException) -> ImageShards:
+def raising(task: ImageTask, key: str, error: BaseException) -> ImageTask:
     """`task`, whose decode raises `error` for the sample `key`."""
     decode = task.decode
 
@@ -159,13 +160,13 @@ def test_a_panic_in_any_tasks_decode_is_skipped_and_an_interrupt_still_stops_the
     folder, keys = shard_folder([6], name="val")
     shards = resolve_shards(str(folder)).shards
     settings = dict(stage="val", batch_size=4, skip_corrupt=True, decode_threads=decode_threads)
-    batches = list(ShardStream(shards, raising(image_task(), keys[2], panic), **settings))
+    batches = list(ShardStream(shards=shards, task=raising(image_task(), keys[2], panic), **settings))
     assert [key for batch in batches for key in batch.keys] == keys[:2] + keys[3:]
     ((_, key, reason),) = [entry for batch in batches for entry in batch.skipped]
     assert key == keys[2] and reason.endswith(f"PanicException: {panic}")
     for interrupt in (KeyboardInterrupt(), SystemExit(3)):
         with pytest.raises(type(interrupt)):
-            list(ShardStream(shards, raising(image_task(), keys[2], interrupt), **settings))
+            list(ShardStream(shards=shards, task=raising(image_task(), keys[2], interrupt), **settings))
 
 
 def test_device_decode_skips_a_jpeg_whose_fallback_panics_and_lets_an_interrupt_through(monkeypatch, panic):
@@ -329,7 +330,9 @@ def test_an_image_that_the_resize_would_grow_past_the_pixel_bound_is_skipped_and
     with open(path, "wb") as stream, FastTarWriter(stream) as writer:
         writer.write({"__key__": "sliver", "png": sliver.getvalue(), "cls": b"1"})
         writer.write({"__key__": "square", "jpg": jpeg(3), "cls": b"2"})
-    stream = ShardStream([Shard(str(path), 2)], image_task(224), stage="val", batch_size=2, skip_corrupt=True)
+    stream = ShardStream(
+        shards=[Shard(str(path), 2)], task=image_task(224), stage="val", batch_size=2, skip_corrupt=True
+    )
     (batch,) = list(stream)
     assert batch.keys == ["square"] and tuple(batch.image.shape) == (1, 3, 224, 224)
     ((_, key, reason),) = batch.skipped
@@ -372,7 +375,7 @@ def test_ids_past_the_tokenizers_vocabulary_are_skipped_and_a_padding_id_past_it
     (tmp_path / FILE_NAME).write_text(json.dumps(spec))
     data = TextShards(root=str(text_root), tokenizer=str(tmp_path / FILE_NAME), num_workers=0)
     with pytest.raises(DecodeError, match="the tokenizer gives it no ids, or ids past its 300"):
-        data.decode({"__key__": "k", "__url__": "u", "txt": b"the film was good", "cls": b"pos"}, "val")
+        data.task.decode({"__key__": "k", "__url__": "u", "txt": b"the film was good", "cls": b"pos"}, "val")
     assert data.document_frequencies()[1] == 0  # every text skipped, as training skips it: no IndexError
     spec = json.loads((text_root / "train" / FILE_NAME).read_text())
     spec["model"]["vocab"]["<pad>"] = spec["added_tokens"][0]["id"] = 4000

@@ -17,8 +17,9 @@ from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.data.specs import resolve_shards
 from project.data.stream import ShardStream
 from project.errors import DecodeError
-from project.tasks.image.data import ImageShards
 from project.tasks.image.decode import decode_array
+from project.tasks.image.task import ImageTask
+from project.tasks.image.transforms import training_transform
 
 from .conftest import CLASSES, image_task, jpeg
 from .test_pipeline import epoch_batches
@@ -78,8 +79,8 @@ def test_every_hostile_image_sample_is_skipped_and_counted_with_its_reason(tmp_p
     good = write_hostile_split(tmp_path / "val", HOSTILE)
     task = image_task()
     stream = ShardStream(
-        resolve_shards(str(tmp_path / "val")).shards,
-        task,
+        shards=resolve_shards(str(tmp_path / "val")).shards,
+        task=task,
         stage=stage,
         batch_size=19,
         shuffle_buffer=32,
@@ -107,7 +108,7 @@ def test_the_device_path_skips_a_bad_label_in_the_worker(tmp_path):
     good = write_hostile_split(tmp_path / "val", hostile)
     task = image_task(decode_on="device")
     stream = ShardStream(
-        resolve_shards(str(tmp_path / "val")).shards, task, stage="val", batch_size=9, skip_corrupt=True
+        shards=resolve_shards(str(tmp_path / "val")).shards, task=task, stage="val", batch_size=9, skip_corrupt=True
     )
     batches = epoch_batches(stream, 0)
     assert sorted(key for batch in batches for key in batch.keys) == good
@@ -117,14 +118,18 @@ def test_the_device_path_skips_a_bad_label_in_the_worker(tmp_path):
 def test_predict_reads_an_out_of_range_label_as_none(tmp_path):
     write_hostile_split(tmp_path / "val", {key: HOSTILE[key] for key in ("cls_out_of_range", "cls_thirty_digits")})
     stream = ShardStream(
-        resolve_shards(str(tmp_path / "val")).shards, image_task(), stage="predict", batch_size=8, skip_corrupt=True
+        shards=resolve_shards(str(tmp_path / "val")).shards,
+        task=image_task(),
+        stage="predict",
+        batch_size=8,
+        skip_corrupt=True,
     )
     (batch,) = epoch_batches(stream, 0)
     labels = dict(zip(batch.keys, batch.label.tolist(), strict=True))
     assert labels["cls_out_of_range"] == labels["cls_thirty_digits"] == -1 and not batch.skipped
 
 
-class BrokenTask(ImageShards):
+class BrokenTask(ImageTask):
     """A task whose own decode fails with a TypeError for one key: any exception is a skipped sample."""
 
     def decode(self, sample, stage):
@@ -135,15 +140,15 @@ class BrokenTask(ImageShards):
 
 def test_any_exception_of_a_tasks_decode_is_a_skipped_sample(tmp_path):
     good = write_hostile_split(tmp_path / "val", {})
-    task = BrokenTask(root=None, image_size=8, classes=CLASSES, num_workers=0)
+    task = BrokenTask(image_size=8, train_transform=training_transform("light", 8), classes=CLASSES)
     stream = ShardStream(
-        resolve_shards(str(tmp_path / "val")).shards, task, stage="val", batch_size=6, skip_corrupt=True
+        shards=resolve_shards(str(tmp_path / "val")).shards, task=task, stage="val", batch_size=6, skip_corrupt=True
     )
     batches = epoch_batches(stream, 0)
     assert sorted(key for batch in batches for key in batch.keys) == sorted(set(good) - {"g2"})
     ((_, key, reason),) = [entry for batch in batches for entry in batch.skipped]
     assert key == "g2" and "TypeError: 'NoneType' object is not subscriptable" in reason
-    strict = ShardStream(resolve_shards(str(tmp_path / "val")).shards, task, stage="val", batch_size=6)
+    strict = ShardStream(shards=resolve_shards(str(tmp_path / "val")).shards, task=task, stage="val", batch_size=6)
     with pytest.raises(DecodeError, match="g2.*TypeError"):
         epoch_batches(strict, 0)
 
@@ -167,20 +172,19 @@ def text_root(tmp_path_factory) -> Path:
 
 def test_a_text_of_megabytes_is_cut_before_it_is_tokenized(text_root, tmp_path, monkeypatch):
     from project.tasks.text import TextShards
+    from project.tasks.text.tokenizer import text_prefix
 
-    data = TextShards(root=str(text_root), num_workers=0, max_tokens=16)
-    data.stream("val")  # resolves the classes and checks the tokenizer
+    task = TextShards(root=str(text_root), num_workers=0, max_tokens=16).task  # resolves the classes and tokenizer
     seen: list[int] = []
-    encode = data.tokenizer.encode
-    monkeypatch.setattr(
-        data, "_tokenizer", type("Spy", (), {"encode": lambda self, text: seen.append(len(text)) or encode(text)})()
-    )
+    encode = task.tokenizer.encode
+    spy = type("Spy", (), {"encode": lambda self, text: seen.append(len(text)) or encode(text)})()
+    monkeypatch.setattr(type(task), "tokenizer", property(lambda self: spy))
     huge = ("word " * 2_000_000).encode() + b"\xff\xfe invalid UTF-8 far past the start"  # 10 MB
-    example = data.decode({"__key__": "huge", "__url__": "u", "txt": huge, "cls": b"1"}, "val")
-    assert len(example.tokens) == 16 and seen == [16 * 32]
+    example = task.decode({"__key__": "huge", "__url__": "u", "txt": huge, "cls": b"1"}, "val")
+    assert len(example.tokens) == 16 and seen == [16 * 32] and task.chars == 16 * 32
     with pytest.raises(DecodeError, match="outside the"):
-        data.decode({"__key__": "k", "__url__": "u", "txt": b"fine", "cls": b"9" * 30}, "val")
+        task.decode({"__key__": "k", "__url__": "u", "txt": b"fine", "cls": b"9" * 30}, "val")
     with pytest.raises(UnicodeDecodeError):
-        data.text_prefix(b"\xff starts badly")
+        text_prefix(b"\xff starts badly", task.chars)
     # 2,048 bytes are decoded; the last is half an é, which waits for a next byte instead of failing
-    assert data.text_prefix(b"a" + "é".encode() * 10_000) == "a" + "é" * (16 * 32 - 1)
+    assert text_prefix(b"a" + "é".encode() * 10_000, task.chars) == "a" + "é" * (16 * 32 - 1)

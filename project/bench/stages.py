@@ -6,8 +6,8 @@ CPU time counted (`time.thread_time`) around that stage only:
 
 - read: the tar members read and grouped by key into encoded samples (`PartReader`, the training plan's parts);
 - shuffle: the bounded buffer's permutation of those samples;
-- decode: each sample's image decoded (near the training size) and its label read (`ImageShards.decode_pixels`);
-- crop: its crop, resize and flip (`ImageShards.train_crop`), which `decode` runs right after decoding it;
+- decode: each sample's image decoded (near the training size) and its label read (`ImageTask.decode_pixels`);
+- crop: its crop, resize and flip (`ImageTask.train_crop`), which `decode` runs right after decoding it;
 - collate: the task's `collate` (the labels, the batch);
 - hand-over: a batch put on a worker-to-trainer queue by a forked process and taken off it here, as a DataLoader
   worker's batches reach the trainer (the pickle, the queue, the copy out of the worker's reused shared buffer,
@@ -62,7 +62,8 @@ def measure_stages(stream: ShardStream, module: ImageShards) -> tuple[dict[str, 
     """CPU seconds of read, shuffle, decode, crop and collate over the stream's whole epoch, and its batches."""
     costs = dict.fromkeys(STAGES[:-1], 0.0)
     limits = dict(max_member_bytes=stream.max_member_bytes, skip_corrupt=True)
-    reader = PartReader(stream.shards, module.extensions, stream.open_stream, read_ahead_bytes=0, **limits)
+    task = module.task
+    reader = PartReader(stream.shards, task.extensions, stream.open_stream, read_ahead_bytes=0, **limits)
     batches, clock = [], time.thread_time
     for plan in stream.plans():
         start = clock()
@@ -74,14 +75,14 @@ def measure_stages(stream: ShardStream, module: ImageShards) -> tuple[dict[str, 
         for size in plan.batch_sizes:
             chunk = list(itertools.islice(samples, size))
             start = clock()
-            examples = [module.decode_pixels(sample, "train") for sample in chunk]
+            examples = [task.decode_pixels(sample, "train") for sample in chunk]
             costs["decode"] += clock() - start
-            if module.crop_flip is not None:
+            if task.crop_flip is not None:
                 start = clock()
-                examples = [module.train_crop(example) for example in examples]
+                examples = [task.train_crop(example) for example in examples]
                 costs["crop"] += clock() - start
             start = clock()
-            batches.append(module.collate(examples, "train"))
+            batches.append(task.collate(examples, "train"))
             costs["collate"] += clock() - start
     return costs, batches
 
