@@ -59,6 +59,7 @@ def train_rate(
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
     model: torch.nn.Module,
     device: torch.device,
+    *,
     warmup: int,
     steps: int,
     bf16: bool = True,
@@ -124,7 +125,7 @@ def measure(args: argparse.Namespace) -> dict:
     torch.backends.cudnn.benchmark = True
     torch.set_flush_denormal(True)  # a CPU check's tiny batches make denormal floats, 100x slower on CPUs
     copies = -(-(args.warmup + args.steps) * args.batch_size // args.samples) + 1  # an epoch outlasts the run
-    bf16 = args.precision == "bf16"
+    schedule = {"warmup": args.warmup, "steps": args.steps, "bf16": args.precision == "bf16"}
     results = {"model": args.model, "precision": args.precision, "batch_size": args.batch_size}
     results["image_size"] = args.image_size
     results["workers"] = args.workers
@@ -143,10 +144,10 @@ def measure(args: argparse.Namespace) -> dict:
                 decode_on=decode_on,
             )
             model = build_model(args.model, device)
-            rate, wait = train_rate(pipeline_batches(data, device), model, device, args.warmup, args.steps, bf16)
+            rate, wait = train_rate(pipeline_batches(data, device), model, device, **schedule)
             results[f"decode_{decode_on}"] = {"images_per_s": rate, "data_wait": wait}
     batches = synthetic_batches(args.batch_size, args.image_size, device)
-    synthetic, _ = train_rate(batches, build_model(args.model, device), device, args.warmup, args.steps, bf16)
+    synthetic, _ = train_rate(batches, build_model(args.model, device), device, **schedule)
     results["synthetic"] = {"images_per_s": synthetic}
     results["ratios"] = {
         f"decode_{where}_vs_synthetic": results[f"decode_{where}"]["images_per_s"] / synthetic

@@ -64,6 +64,7 @@ def Augment(size: int) -> Callable[[bytes | torch.Tensor], torch.Tensor]:  # noq
 
 def project_loader(
     shards: Path,
+    *,
     size: int,
     workers: int,
     batch_size: int,
@@ -106,7 +107,7 @@ class WdsSample:
         return self.augment(sample["jpg"]), int(sample["cls"]), sample["__key__"]
 
 
-def webdataset_loader(shards: Path, size: int, workers: int, batch_size: int, **_: object):
+def webdataset_loader(shards: Path, *, size: int, workers: int, batch_size: int, **_: object):
     """webdataset's README: WebDataset(urls, shardshuffle=100).shuffle(1000), decode and map, .batched(B) in
     the workers, and WebLoader(dataset, batch_size=None, num_workers=N)."""
     peer_module("webdataset")
@@ -124,7 +125,7 @@ class LitSample:
         return self.augment(item["jpg"]), item["cls"], item["key"]
 
 
-def litdata_loader(cache: Path, size: int, workers: int, batch_size: int, **_: object):
+def litdata_loader(cache: Path, *, size: int, workers: int, batch_size: int, **_: object):
     """litdata's README: StreamingDataset(optimized folder, shuffle=True) and StreamingDataLoader."""
     litdata = peer_module("litdata")
     dataset = litdata.StreamingDataset(str(cache / "litdata"), shuffle=True, transform=LitSample(size))
@@ -149,7 +150,7 @@ def mosaic_dataset_class() -> type:
     return MosaicImages
 
 
-def mosaic_loader(cache: Path, size: int, workers: int, batch_size: int, **_: object):
+def mosaic_loader(cache: Path, *, size: int, workers: int, batch_size: int, **_: object):
     """mosaicml-streaming: StreamingDataset(local=MDS folder, shuffle=True, batch_size=B), its default shuffle
     algorithm (py1e), in a torch DataLoader."""
     from torch.utils.data import DataLoader
@@ -172,7 +173,7 @@ class KeyedImageFolder(torchvision.datasets.ImageFolder):
         return image, label, path.relative_to(Path(self.root) / self.classes[label]).as_posix().removesuffix(".jpg")
 
 
-def imagefolder_loader(cache: Path, size: int, workers: int, batch_size: int, **_: object):
+def imagefolder_loader(cache: Path, *, size: int, workers: int, batch_size: int, **_: object):
     """torchvision's ImageFolder (files read with read_file, decoded with decode_jpeg) and a shuffled DataLoader."""
     from torch.utils.data import DataLoader
 
@@ -180,13 +181,13 @@ def imagefolder_loader(cache: Path, size: int, workers: int, batch_size: int, **
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers), lambda batch: batch[2]
 
 
-def spdl_loader(shards: Path, size: int, workers: int, batch_size: int, shuffle_buffer: int, seed: int):
+def spdl_loader(shards: Path, *, size: int, workers: int, batch_size: int, shuffle_buffer: int, seed: int):
     """SPDL's pipeline of `workers` threads in this process (benchmarks/peer_spdl.py), on the tar shards."""
     peer_module("spdl")
     import peer_spdl  # only in the spdl row's process: the other rows' memory stays free of it
 
     try:
-        batches = peer_spdl.spdl_batches(shards, size, workers, batch_size, shuffle_buffer, seed)
+        batches = peer_spdl.spdl_batches(shards, size, workers, batch_size, shuffle_buffer=shuffle_buffer, seed=seed)
     except peer_spdl.SpdlMissing as missing:
         raise PeerMissing(f"spdl: {missing}", note=str(missing)) from None
     return batches, lambda batch: batch[2]
@@ -260,6 +261,7 @@ def proportional_set_size(pid: int) -> int:
 
 def run_epoch(
     loader: str,
+    *,
     shards: Path,
     cache: Path,
     size: int,

@@ -127,7 +127,7 @@ class DecodeBatch:
 
 
 def spdl_batches(
-    shards: Path, size: int, workers: int, batch_size: int, shuffle_buffer: int = 1000, seed: int = 0
+    shards: Path, size: int, workers: int, batch_size: int, *, shuffle_buffer: int = 1000, seed: int = 0
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[str]]]:
     """One shuffled epoch of `shards` through an SPDL pipeline of `workers` threads (see the module)."""
     require_ffmpeg()

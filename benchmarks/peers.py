@@ -66,6 +66,7 @@ def run_one(
     data: ImageSet,
     size: int,
     args: argparse.Namespace,
+    *,
     shuffle_buffer: int = 1000,
     isolated: bool = True,
     **options: object,

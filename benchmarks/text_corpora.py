@@ -224,7 +224,7 @@ def draw(pool: Pool, order: list[int], size: int, taken: set[int], allowed: set[
     return chosen, floor, sorted(set(counts) - kept)
 
 
-def write_set(out: Path, name: str, pool: Pool, chosen: list[int], seed: int, notes: list[str]) -> str:
+def write_set(out: Path, name: str, pool: Pool, *, chosen: list[int], seed: int, notes: list[str]) -> str:
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     rows = [pool.rows[i] for i in chosen]
@@ -284,7 +284,9 @@ def build(kind: str, out: Path, seed: int) -> None:
                 drawn[other][1].append(f"shares {shared} texts with {tune} (the pool is too small to avoid it)")
             else:
                 drawn[other][1].append(f"disjoint from {tune}")
-    lines = [write_set(out, name, pool, chosen, seed, notes) for name, (chosen, notes) in drawn.items()]
+    lines = [
+        write_set(out, name, pool, chosen=chosen, seed=seed, notes=notes) for name, (chosen, notes) in drawn.items()
+    ]
     print(f"{kind}: {pool.notes[-1]}; built in {time.perf_counter() - start:.0f} s")
     print("\n".join(lines))
 

@@ -40,30 +40,28 @@ CONFIGS = {  # the variants that read --pretrained FOLDER
     "default": ROOT / "configs" / "text" / "default.yaml",  # the folder and an NBSVM branch, in one model
     "pretrained": ROOT / "configs" / "text" / "pretrained.yaml",  # the folder alone
 }
-BPE = ["--data.tokenizer=null", "--data.max_tokens=256", "--data.bucket_by_size=true", "--model.pooling=mean"]
-BPE += ["--data.batch_size=32"]
+BPE = ["--data.tokenizer=null", "--data.max_tokens=256", "--data.bucket_by_size=true", "--data.batch_size=32"]
 CROSS_ENTROPY = ["--model.loss=cross_entropy", "--model.l2_c=null", "--model.weight_decay=0"]  # AdamW, no penalty
-BPE += ["--model.idf=false"]  # idf weighs the bag of hashed n-grams only
-LAST_ROUND = ["--model.dim=64", "--model.lr=0.01"]  # what the default set until it trained the linear encoder
-BPE += LAST_ROUND  # cnn and transformer set their own after these
+
+
+def encoder(name: str, **settings: object) -> list[str]:
+    """`--model.encoder=NAME` and its own settings, after it: a setting is the encoder's it is given to."""
+    return [f"--model.encoder={name}", *(f"--model.encoder.{key}={value}" for key, value in settings.items())]
+
+
+BAG = {"pooling": "mean", "idf": "false"}  # nbsvm.yaml's root pooling and idf weigh the bag of hashed n-grams only
 VARIANTS = {  # nbsvm reads hashed n-grams; the others from nothing read the set's BPE tokens, with cross-entropy
     "nbsvm": [],
-    "linear-svm": ["--model.nb=false"],  # nbsvm without NB's ratios: a plain linear SVM (the round before's)
+    "linear-svm": ["--model.encoder.nb=false"],  # nbsvm without NB's ratios: a plain linear SVM (the round before's)
     "cross-entropy": [*CROSS_ENTROPY, "--model.lr=0.003"],  # nbsvm's model and data, the loss before
-    "fasttext": [*LAST_ROUND, "--model.encoder=bag", "--model.l2_c=3"],  # last round's default: a 64-wide bag
-    "ngrams": [*BPE, *CROSS_ENTROPY, "--model.encoder=ngrams", "--model.buckets=32768", "--model.dropout=0.5"],
-    "cnn": [*BPE, *CROSS_ENTROPY, "--model.encoder=cnn", "--model.dim=128", "--model.lr=0.003", "--model.dropout=0.5"],
-    "transformer": [
-        *BPE,
-        *CROSS_ENTROPY,
-        "--model.encoder=transformer",
-        "--model.dim=128",
-        "--model.lr=0.001",
-        "--model.dropout=0.1",
-    ],
-    "bag": [*BPE, *CROSS_ENTROPY, "--model.encoder=bag", "--model.dropout=0.5"],
-    "default": [],  # configs/text/default.yaml as it is, with --model.pretrained from --pretrained
-    "pretrained": [],  # configs/text/pretrained.yaml as it is, with --model.pretrained from --pretrained
+    # last round's default: a 64-wide bag of the hashed n-grams, root-pooled with IDF as nbsvm.yaml's Linear
+    "fasttext": [*encoder("Bag", dim=64, dropout=0.0), "--model.lr=0.01", "--model.l2_c=3"],
+    "ngrams": [*BPE, *CROSS_ENTROPY, *encoder("NGrams", dim=64, buckets=32768, dropout=0.5), "--model.lr=0.01"],
+    "cnn": [*BPE, *CROSS_ENTROPY, *encoder("Conv", dim=128, dropout=0.5), "--model.lr=0.003"],
+    "transformer": [*BPE, *CROSS_ENTROPY, *encoder("Transformer", dim=128, dropout=0.1), "--model.lr=0.001"],
+    "bag": [*BPE, *CROSS_ENTROPY, *encoder("Bag", dim=64, **BAG, dropout=0.5), "--model.lr=0.01"],
+    "default": [],  # configs/text/default.yaml as it is, with --model.encoder.folder from --pretrained
+    "pretrained": [],  # configs/text/pretrained.yaml as it is, with --model.encoder.folder from --pretrained
 }
 
 
@@ -165,7 +163,7 @@ def seed_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"seeds separated by commas, e.g. 0,1,2, not {text!r}") from None
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpora", type=Path, default=ROOT / "data" / "corpora")
     parser.add_argument("--work", type=Path, default=ROOT / "data" / "text-real")
@@ -177,53 +175,82 @@ def main() -> None:
     parser.add_argument(
         "--pretrained", type=Path, help="the Hugging Face folder the variants default and pretrained read"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def chosen_variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """The --variants with their overrides; those of CONFIGS read their encoder's folder from --pretrained."""
     variants = [parse_variant(text) for text in args.variants]
     if needing := [name for name, _ in variants if name in CONFIGS]:
         if args.pretrained is None or not (args.pretrained / "config.json").is_file():
             sys.exit(f"--variants {needing[0]} needs --pretrained FOLDER holding a config.json, got {args.pretrained}")
         variants = [
-            (name, [f"--model.pretrained={args.pretrained.resolve()}"] if name in CONFIGS else overrides)
+            (name, [f"--model.encoder.folder={args.pretrained.resolve()}"] if name in CONFIGS else overrides)
             for name, overrides in variants
         ]
-    seeds = args.split_seeds
+    return variants
+
+
+def run_split(
+    args: argparse.Namespace,
+    variants: list[tuple[str, list[str]]],
+    name: str,
+    seed: int,
+    *,
+    results: dict[tuple[str, str], list[tuple[float, float]]],
+) -> list[dict]:
+    """The baseline, every variant and every --ensemble on split `seed` of set `name`, each printed as a table
+    row and its accuracy added beside the baseline's to `results`; returns them as JSON rows."""
     logs = args.work / "logs"
+    run_name = f"{name}-split{seed}" if seed else name
+    data, tokenizer = prepared(args.corpora, args.work, name, seed)
+    found, seconds = baseline(data, logs, run_name)
+    texts = sum(found["texts"].values())
+    base = found["test_acc"]
+    print(f"| {run_name} | {texts:,} | linear baseline | {base:.3f} | 1.00 | - | {seconds:.0f} |", flush=True)
+    rows = [{"set": name, "split_seed": seed, "model": "baseline", "test_acc": base, "seconds": seconds}]
+    rows[0]["tokenizer"] = tokenizer
+    results.setdefault((name, "linear baseline"), []).append((base, base))
+    combined = [(spec, None) for spec in args.ensemble]
+    for variant, overrides in [*variants, *combined]:
+        if overrides is None:
+            result = ensemble(data, logs, run_name, variant.split("+"))
+        else:
+            result = train(data, logs, run_name, variant, overrides)
+        ratio = result["test_acc"] / base
+        line = f"| {run_name} | {texts:,} | {variant} | {result['test_acc']:.3f} | {ratio:.2f} |"
+        print(f"{line} {result['epochs']} | {result['seconds']:.0f} |", flush=True)
+        rows.append({"set": name, "split_seed": seed, "model": variant, "overrides": overrides, **result})
+        results.setdefault((name, variant), []).append((result["test_acc"], base))
+    return rows
+
+
+def print_means(results: dict[tuple[str, str], list[tuple[float, float]]], splits: int) -> None:
+    """Each (set, model)'s mean test accuracy over the splits, beside its baseline's."""
+    print(f"\nmeans over {splits} splits:\n| set | model | mean test acc | ÷ baseline's | at or above it |")
+    print("|---|---|---|---|---|")
+    for (name, model), pairs in results.items():
+        mean, base = (sum(pair[i] for pair in pairs) / len(pairs) for i in (0, 1))
+        above = sum(acc >= b - 1e-6 for acc, b in pairs)  # torchmetrics' float32 against numpy's float64
+        print(f"| {name} | {model} | {mean:.3f} | {mean / base:.3f} | {above} of {len(pairs)} |")
+
+
+def main() -> None:
+    args = arguments()
+    variants = chosen_variants(args)
+    seeds = args.split_seeds
     print("| set | texts | model | test acc | ÷ baseline | epochs | wall s |\n|---|---|---|---|---|---|---|")
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (set, model): (its accuracy, the baseline's)
     for name in args.sets.split(","):
         if not (args.corpora / name / "texts.csv").is_file():
             sys.exit(f"no {args.corpora / name / 'texts.csv'}: build it with benchmarks/text_corpora.py")
         for seed in seeds:
-            run_name = f"{name}-split{seed}" if seed else name
-            data, tokenizer = prepared(args.corpora, args.work, name, seed)
-            found, seconds = baseline(data, logs, run_name)
-            texts = sum(found["texts"].values())
-            base = found["test_acc"]
-            print(f"| {run_name} | {texts:,} | linear baseline | {base:.3f} | 1.00 | - | {seconds:.0f} |", flush=True)
-            rows = [{"set": name, "split_seed": seed, "model": "baseline", "test_acc": base, "seconds": seconds}]
-            rows[0]["tokenizer"] = tokenizer
-            results.setdefault((name, "linear baseline"), []).append((base, base))
-            combined = [(spec, None) for spec in args.ensemble]
-            for variant, overrides in [*variants, *combined]:
-                if overrides is None:
-                    result = ensemble(data, logs, run_name, variant.split("+"))
-                else:
-                    result = train(data, logs, run_name, variant, overrides)
-                ratio = result["test_acc"] / base
-                line = f"| {run_name} | {texts:,} | {variant} | {result['test_acc']:.3f} | {ratio:.2f} |"
-                print(f"{line} {result['epochs']} | {result['seconds']:.0f} |", flush=True)
-                rows.append({"set": name, "split_seed": seed, "model": variant, "overrides": overrides, **result})
-                results.setdefault((name, variant), []).append((result["test_acc"], base))
+            rows = run_split(args, variants, name, seed, results=results)
             if args.json:
                 with open(args.json, "a") as stream:
                     stream.writelines(json.dumps(row) + "\n" for row in rows)
     if len(seeds) > 1:
-        print(f"\nmeans over {len(seeds)} splits:\n| set | model | mean test acc | ÷ baseline's | at or above it |")
-        print("|---|---|---|---|---|")
-        for (name, model), pairs in results.items():
-            mean, base = (sum(pair[i] for pair in pairs) / len(pairs) for i in (0, 1))
-            above = sum(acc >= b - 1e-6 for acc, b in pairs)  # torchmetrics' float32 against numpy's float64
-            print(f"| {name} | {model} | {mean:.3f} | {mean / base:.3f} | {above} of {len(pairs)} |")
+        print_means(results, len(seeds))
 
 
 if __name__ == "__main__":
