@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project.active import labeled as labeled_set
 from project.active.oracle import get_labels
@@ -62,7 +62,10 @@ class PoolScorer(Callback):
     def __init__(self, strategy: Strategy, labeled: set[str]) -> None:
         self.strategy, self.labeled = strategy, labeled
 
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:  # noqa: ANN001
+    def on_predict_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, *batch_and_indexes: Any
+    ) -> None:
+        # Lightning passes the batch, its index and (with several loaders) the loader's index positionally
         rows = [row for row, key in enumerate(outputs.keys) if key not in self.labeled]
         if rows:
             index = torch.tensor(rows, device=outputs.probs.device)
@@ -210,8 +213,8 @@ class ActiveLoop:
         """The model's embeddings of the labeled set (kcenter measures distances from it)."""
         data, model = cli.datamodule, cli.model
         stream = ShardStream(
-            resolve_shards(str(self.labeled / INDEX_NAME)).shards,
-            data,
+            shards=resolve_shards(str(self.labeled / INDEX_NAME)).shards,
+            task=data.task,
             stage="predict",
             batch_size=data.batch_size,
             skip_corrupt=True,
@@ -220,7 +223,7 @@ class ActiveLoop:
         with torch.no_grad():
             parts = [
                 model.predict_step(model.transfer_batch_to_device(batch, model.device, 0), 0).embeddings.cpu()
-                for batch in EpochLoader(stream, None, num_workers=0)
+                for batch in EpochLoader(stream, num_workers=0)
             ]
         return torch.cat(parts) if parts else torch.empty(0)
 
@@ -230,7 +233,7 @@ class ActiveLoop:
         """Get the selection's labels and append them as the next shard; False while a human has not answered."""
         pairs = [(item.key, item.url) for item in selected]
         what = f"{self.strategy}, seed {self.seed}, round {number}"
-        samples = get_labels(folder, pairs, self.settings, cli.datamodule.label_extensions, what)
+        samples = get_labels(folder, pairs, self.settings, cli.datamodule.task_type.label_extensions, what)
         if samples is None:
             return False
         labeled_set.append(self.labeled, round_shard(number + 1), samples)

@@ -62,6 +62,7 @@ class PredictionWriter(L.Callback):
         self,
         out: Path,
         class_names: list[str],
+        *,
         top_k: int = 5,
         embeddings: bool = False,
         key_name: Callable[[str], str] = str,
@@ -109,18 +110,13 @@ class PredictionWriter(L.Callback):
         self.file.seek(self.bytes)
         self.progress_path, self.plan_now = progress_path, plan
         if self.batches:
-            trainer.datamodule.start_split_at("predict", self.batches)
+            trainer.datamodule.position.start_split_at("predict", self.batches)
             print(f"rank {rank}: resuming after {self.batches} batches ({self.rows} rows) in {shown(part)}", flush=True)
 
     def on_predict_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *batch_and_indexes: Any
     ) -> None:
+        # Lightning passes the batch, its index and (with several loaders) the loader's index positionally
         lines = "".join(json.dumps(row) + "\n" for row in self.rows_of(outputs)).encode()
         self.file.write(lines)
         self.file.flush()

@@ -32,6 +32,7 @@ class TraceAndSummaryProfiler(Profiler):
 
     def __init__(
         self,
+        *,
         filename: str = "profile",
         wait: int = 5,
         warmup: int = 2,
