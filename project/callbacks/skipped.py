@@ -32,24 +32,14 @@ class SkippedSamples(L.Callback):
         self._log(pl_module, "train", batch)
 
     def on_validation_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *indexes: int
     ) -> None:
+        # Lightning passes the batch's index and (with several loaders) the loader's index positionally
         if not trainer.sanity_checking:
             self._log(pl_module, "val", batch)
 
     def on_test_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *indexes: int
     ) -> None:
+        # Lightning passes the batch's index and (with several loaders) the loader's index positionally
         self._log(pl_module, "test", batch)
