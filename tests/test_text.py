@@ -4,6 +4,8 @@ and unusable texts are skipped and counted. The runs through the command line ar
 
 from __future__ import annotations
 
+import functools
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,19 +16,25 @@ from webdataset import TarWriter
 from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, Shard, write_index
 from project.data.specs import resolve_shards
+from project.errors import UserError
+from project.run_folder import check_values
 from project.shards.prepare import prepare
 from project.tasks.text import TextClassifier, TextShards
+from project.tasks.text.base import FromData
+from project.tasks.text.branch import NGramBranch
 from project.tasks.text.demo import CLASSES, write_csv
+from project.tasks.text.encoders import Bag, Conv, Linear, NGrams, Transformer
 from project.tasks.text.tokenizer import train_tokenizer
 
 BATCH = 16  # 480 training texts: 30 batches an epoch
+WB = ("bias", "weight")
 
 
 def make_text_data(root: Path) -> Path:
     """600 demo reviews as text shards of 100 (train 480, val 60, test 60) and a 300-token tokenizer."""
     root.mkdir(parents=True, exist_ok=True)
     write_csv(root / "reviews.csv", samples=600, seed=0)
-    prepare(str(root / "reviews.csv"), root, samples_per_shard=100, workers=1, quiet=True, text=True)
+    prepare(str(root / "reviews.csv"), out=root, samples_per_shard=100, workers=1, quiet=True, text=True)
     train_tokenizer(root, vocab_size=300, quiet=True)
     return root
 
@@ -62,7 +70,15 @@ def padding_share(batches: list) -> float:
     return 1 - sum(int(b.lengths.sum()) for b in batches) / sum(b.tokens.numel() for b in batches)
 
 
-@pytest.mark.parametrize("encoder", ["transformer", "cnn", "bag", "ngrams"])
+TINY = {  # each encoder at its smallest, as a config would give it
+    "transformer": functools.partial(Transformer, dim=16, layers=1, heads=2),
+    "cnn": functools.partial(Conv, dim=16, layers=1),
+    "bag": functools.partial(Bag, dim=16),
+    "ngrams": functools.partial(NGrams, dim=16),
+}
+
+
+@pytest.mark.parametrize("encoder", list(TINY))
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])  # the no-grad path is a fused kernel
 def test_each_padded_row_has_the_logits_of_its_text_alone(root, encoder, grad):
     data = text_data(root)
@@ -74,10 +90,7 @@ def test_each_padded_row_has_the_logits_of_its_text_alone(root, encoder, grad):
         vocab_size=data.vocab_size,
         pad_id=data.pad_id,
         max_tokens=160,
-        encoder=encoder,
-        dim=16,
-        layers=1,
-        heads=2,
+        encoder=TINY[encoder],
     ).eval()
     with torch.no_grad():  # a padding embedding that is not zero: only the mask can hide the padding
         model.encoder.embedding.weight[data.pad_id] = 3.0
@@ -95,13 +108,12 @@ def test_each_padded_row_has_the_logits_of_its_text_alone(root, encoder, grad):
 def test_the_ngrams_encoder_sees_word_order_within_its_runs_and_a_bag_does_not():
     """ "not good" and "good not" hold the same tokens: a bag cannot tell them apart, token pairs can; runs that
     cross into padding are left out, so a text's features do not depend on how far it is padded."""
-    from project.tasks.text.encoders import BagEncoder, NGramEncoder
-
     torch.manual_seed(0)
     forward, backward = torch.tensor([[5, 9, 7]]), torch.tensor([[7, 9, 5]])
     mask = torch.ones(1, 3, dtype=torch.bool)
-    bag, unigrams = BagEncoder(16, 8, 0), NGramEncoder(16, 8, 1, 64, 0)
-    pairs, triples = NGramEncoder(16, 8, 2, 64, 0), NGramEncoder(16, 8, 3, 64, 0)
+    data = FromData(vocab_size=16, pad_id=0)
+    bag, unigrams = Bag(data=data, dim=8), NGrams(data=data, dim=8, ngrams=1, buckets=64)
+    pairs, triples = NGrams(data=data, dim=8, ngrams=2, buckets=64), NGrams(data=data, dim=8, ngrams=3, buckets=64)
     for encoder in (bag, unigrams):
         assert torch.allclose(encoder(forward, mask), encoder(backward, mask))
     for encoder in (pairs, triples):
@@ -174,3 +186,108 @@ def test_texts_that_are_not_utf8_or_empty_are_skipped_and_counted(root, tmp_path
         if stage == "val":  # evaluation reads every sample: the good ones are all there, once
             assert sorted(seen) == sorted(key for key, _ in good)
         assert all(len(batch.keys) == len(batch.label) == len(batch.tokens) for batch in batches)
+
+
+def test_a_run_folder_names_an_encoder_only_by_a_class_path_of_the_projects_tasks(tmp_path):
+    """The encoder's and the n-gram branch's types admit a class: a stranger's run config (project/run_folder.py)
+    names them by a class_path of `project.tasks.*`, checked at any depth before anything is imported, and never
+    by a string (as the encoders were named before they were classes: `encoder: linear`)."""
+    path, text = tmp_path / "config.yaml", "project.tasks.text.TextClassifier"
+    branch = {"class_path": "project.tasks.text.branch.NGramBranch", "init_args": {"lr": 0.1}}
+    for encoder, settings in (
+        ("encoders.Linear", {"pooling": "root", "idf": True, "nb": True}),
+        ("encoders.Conv", {"dim": 8}),
+        ("pretrained.Pretrained", {"folder": "a.b"}),  # a folder's name is a plain string
+    ):
+        encoder = {"class_path": f"project.tasks.text.{encoder}", "init_args": settings}
+        check_values(
+            {"model": {"class_path": text, "init_args": {"encoder": encoder, "ngram_branch": branch}}}, path, set()
+        )
+    for key in ("encoder", "ngram_branch"):
+        for refused in ("torch.nn.Linear", "project.tasks.text.encoders.nn", "project.tasks.text.encoders.F"):
+            model = {"class_path": text, "init_args": {key: {"class_path": refused}}}
+            with pytest.raises(UserError, match=f"model.init_args.{key}.class_path .* is neither one of the project"):
+                check_values({"model": model}, path, set())
+        with pytest.raises(UserError, match=f"model.init_args.{key} names a class by a string"):
+            check_values({"model": {"class_path": text, "init_args": {key: "linear"}}}, path, set())
+
+
+def test_a_checkpoint_naming_a_class_of_no_task_is_refused_before_its_module_is_imported(tmp_path):
+    """Lightning rebuilds a checkpoint's model through jsonargparse, which would import the module of the encoder's
+    class_path before checking the class: a stranger's checkpoint names only the project's tasks (or classes
+    already imported)."""
+    import lightning as L
+
+    model = TextClassifier(encoder=Conv)
+
+    def saved(class_path: str) -> Path:
+        hyperparameters = {**model.hparams, "encoder": {"class_path": class_path, "init_args": {"dim": 8}}}
+        checkpoint = {"state_dict": model.state_dict(), "hyper_parameters": hyperparameters}
+        torch.save({**checkpoint, "pytorch-lightning_version": L.__version__}, tmp_path / "model.ckpt")
+        return tmp_path / "model.ckpt"
+
+    assert "this" not in sys.modules  # importing it prints the Zen of Python
+    with pytest.raises(UserError, match=r"name the class 'this.Zen', which is neither one of the project's tasks"):
+        TextClassifier.load_from_checkpoint(saved("this.Zen"))
+    assert "this" not in sys.modules
+    with pytest.raises(UserError, match=r"the checkpoint's encoder.embedding.weight is \(8000, 128\) and this .*8\)"):
+        TextClassifier.load_from_checkpoint(saved("project.tasks.text.encoders.Conv"))  # rebuilt as it says: dim 8
+
+
+def test_each_setting_can_be_written_only_for_the_encoder_that_has_it():
+    """A setting of one encoder (a Linear's nb, a Bag's idf, a Transformer's heads, a Pretrained's folder) given
+    to another is a parse error of the config, where the model once checked its combinations itself."""
+    from argparse import ArgumentError
+
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(TextClassifier, "model")
+    takers = {"nb": {"Linear"}, "idf": {"Linear", "Bag"}, "heads": {"Transformer"}, "kernel": {"Conv"}}
+    takers |= {"buckets": {"NGrams"}, "folder": {"Pretrained"}, "dim": {"Bag", "NGrams", "Conv", "Transformer"}}
+    values = {"nb": "true", "idf": "true", "heads": "2", "kernel": "5", "buckets": "64", "folder": "x", "dim": "8"}
+    for name in ("Linear", "Bag", "NGrams", "Conv", "Transformer", "Pretrained"):
+        module = "pretrained" if name == "Pretrained" else "encoders"
+        encoder = [f"--model.encoder=project.tasks.text.{module}.{name}"]
+        if name == "Pretrained":
+            encoder.append("--model.encoder.folder=x")
+        for setting, value in values.items():
+            flags = [*encoder, f"--model.encoder.{setting}={value}"]
+            if name in takers[setting]:
+                assert str(parser.parse_args(flags).model.encoder.init_args[setting]).lower() == value.lower()
+            else:
+                with pytest.raises(ArgumentError, match=f"Option '{setting}' is not accepted"):
+                    parser.parse_args(flags)
+
+
+def test_a_checkpoint_from_before_the_encoders_were_classes_names_the_same_weights():
+    """The weights keep their names (as the code before `model.encoder` took a class_path wrote them, listed here),
+    so such a checkpoint loads into the model its config gives in the new form."""
+    layer = "encoder.layers.layers.0."
+    attention = [f"{layer}self_attn.{name}" for name in ("in_proj_bias", "in_proj_weight", "out_proj.bias")]
+    transformer = [f"{layer}{part}.{kind}" for part in ("linear1", "linear2", "norm1", "norm2") for kind in WB]
+    transformer += [*attention, f"{layer}self_attn.out_proj.weight", "encoder.norm.bias", "encoder.norm.weight"]
+    head, idf = ["head.1.bias", "head.1.weight"], ["encoder.idf", "encoder.idf_texts"]
+    before = {
+        functools.partial(Linear, pooling="root", idf=True, nb=True): [*idf, "encoder.ratios", "head.bias"],
+        functools.partial(Bag, dim=8, pooling="root", idf=True): [*idf, *head],
+        functools.partial(NGrams, dim=8): head,
+        functools.partial(Conv, dim=8, layers=1): [
+            "encoder.convolutions.0.bias",
+            "encoder.convolutions.0.weight",
+            *head,
+        ],
+        functools.partial(Transformer, dim=8, layers=1, heads=2): [
+            *transformer,
+            "encoder.position_embedding.weight",
+            *head,
+        ],
+    }
+    for encoder, names in before.items():
+        model = TextClassifier(encoder=encoder, vocab_size=10, num_classes=3)
+        weights = {name for name in model.state_dict() if name.startswith(("encoder.", "head."))}
+        assert weights == {"encoder.embedding.weight", *names}, encoder.func
+    branch = TextClassifier(encoder=Conv, ngram_branch=NGramBranch, ngram_buckets=16)
+    branch_weights = {name for name in branch.state_dict() if name.startswith("ngrams.")}
+    ngrams = ("encoder.embedding.weight", "encoder.idf", "encoder.idf_texts", "encoder.ratios", "head.bias")
+    assert branch_weights == {f"ngrams.{name}" for name in ngrams}

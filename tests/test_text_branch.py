@@ -4,16 +4,19 @@ through the command line with a tiny pretrained folder saved here."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
+import lightning as L
 import pytest
 import torch
 
 from project.errors import UserError
 from project.tasks.classifier import squared_hinge
 from project.tasks.text import TextClassifier, TextShards
-from project.tasks.text.branch import standardised
+from project.tasks.text.branch import NGramBranch, standardised
+from project.tasks.text.encoders import Conv
 from project.tasks.text.hashed import HashedNGrams
 
 from .conftest import REPO, run_here
@@ -31,17 +34,16 @@ def branch_data(root, **kwargs) -> TextShards:
     return TextShards(root=str(root), batch_size=8, num_workers=0, shuffle_buffer=64, **kwargs)
 
 
-def branch_model(data: TextShards, **kwargs) -> TextClassifier:
+def branch_model(data: TextShards, branch: dict | None = None, dropout: float = 0.1, **kwargs) -> TextClassifier:
+    """A 16-wide Conv encoder with an n-gram branch (its settings `branch`)."""
     torch.manual_seed(0)
     return TextClassifier(
         num_classes=8,
         vocab_size=data.vocab_size,
         pad_id=data.pad_id,
         tokenizer_hash=data.tokenizer_hash,
-        encoder="cnn",
-        dim=16,
-        layers=1,
-        ngram_branch=True,
+        encoder=functools.partial(Conv, dim=16, layers=1, dropout=dropout),
+        ngram_branch=functools.partial(NGramBranch, **(branch or {})),
         ngram_buckets=data.ngram_buckets,
         **kwargs,
     )
@@ -72,14 +74,18 @@ def test_bad_branch_settings_are_one_line_before_anything_is_built(root):
     with pytest.raises(UserError, match="there are none: set data.ngram_ids"):
         branch_model(data)
     data = branch_data(root)
-    with pytest.raises(UserError, match="set model.ngram_l2_c instead"):
+    with pytest.raises(UserError, match="with model.ngram_branch set its l2_c instead"):
         branch_model(data, l2_c=1.0)
     with pytest.raises(UserError, match="must be positive"):
-        branch_model(data, ngram_lr=0.0)
+        branch_model(data, branch={"lr": 0.0})
     with pytest.raises(UserError, match="set data.ngram_ids"):
         branch_model(data)(torch.ones(2, 4, dtype=torch.long))  # tokens without their n-grams
-    with pytest.raises(UserError, match="set data.ngram_ids"):
-        branch_data(root, ngram_ids=0).document_frequencies(ngrams=True)
+    hashed = branch_data(root, ngram_ids=0, tokenizer="hashed")
+    with pytest.raises(UserError, match="data.tokenizer is hashed"):
+        branch_model(hashed)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    with pytest.raises(UserError, match="set data.ngram_ids"):  # a model built for n-grams, data without them
+        trainer.fit(branch_model(data), datamodule=branch_data(root, ngram_ids=0))
 
 
 def test_the_logits_weigh_both_models_alike_whatever_their_scale_and_ignore_padding(root):
@@ -111,7 +117,7 @@ def test_the_logits_weigh_both_models_alike_whatever_their_scale_and_ignore_padd
 def test_each_model_learns_on_its_own_loss_and_the_branch_takes_adams_steps_at_its_own_rate(root):
     data = branch_data(root)
     batch = epoch_batches(data)[0]
-    model = branch_model(data, ngram_lr=0.05, lr=0.002, dropout=0.0)  # the loss recomputed below: no dropout
+    model = branch_model(data, branch={"lr": 0.05}, lr=0.002, dropout=0.0)  # the loss recomputed below: no dropout
     groups = {group["name"]: group for group in model.parameter_groups()}
     assert groups["ngrams"]["lr"] == 0.05 and groups["ngrams"]["weight_decay"] == 0.0
     assert {parameter for parameter in groups["ngrams"]["params"]} == set(model.ngrams.parameters())
@@ -134,7 +140,8 @@ def test_a_missing_pretrained_folder_is_one_line_that_says_how_to_get_one(root, 
     result = run_here("project.train", *config, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: model.pretrained: no folder data/models/all-MiniLM-L6-v2: save a Hugging Face")
+    wanted = "error: model.encoder.folder: no folder data/models/all-MiniLM-L6-v2: save a Hugging Face"
+    assert last.startswith(wanted)
     assert "hf download sentence-transformers/all-MiniLM-L6-v2" in last and not (tmp_path / "logs").exists()
 
 
@@ -145,7 +152,7 @@ def test_the_default_config_fine_tunes_a_folder_beside_an_nbsvm_and_predicts_wit
     export writes and checks a model of two inputs, quantized too."""
     folder = tiny_folder(root, tmp_path, monkeypatch)
     config = ["--config", str(REPO / "configs" / "text" / "default.yaml"), f"--data.root={root}"]
-    config += [f"--model.pretrained={folder}", "--data.max_tokens=64", "--data.num_workers=0"]
+    config += [f"--model.encoder.folder={folder}", "--data.max_tokens=64", "--data.num_workers=0"]
     config += ["--trainer.max_epochs=3", "--trainer.log_every_n_steps=5", "--trainer.enable_progress_bar=false"]
     result = run_here("project.train", *config, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -158,7 +165,7 @@ def test_the_default_config_fine_tunes_a_folder_beside_an_nbsvm_and_predicts_wit
     assert all(branch[step] == pytest.approx(100 * heads[step]) for step in branch)
     checkpoint = run / "checkpoints" / "last.ckpt"
     model = TextClassifier.load_from_checkpoint(checkpoint).eval()
-    assert model.hparams.ngram_branch and model.hparams.ngram_buckets == 262144
+    assert isinstance(model.ngrams, NGramBranch) and model.hparams.ngram_buckets == 262144
     assert int(model.ngrams.encoder.idf_texts) == 480 and model.ngrams.encoder.ratios.std(1).max() > 0.5
     test = events(run).Scalars("test/acc")[-1].value
     assert test > 0.3  # 8 classes: chance is 0.125

@@ -4,6 +4,7 @@ words, a bound on ids per text, and a data module and model that train on them w
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import random
@@ -20,7 +21,10 @@ from project.errors import UserError
 from project.shards.prepare import prepare
 from project.tasks.classifier import squared_hinge
 from project.tasks.text import TextClassifier, TextShards, hashed
+from project.tasks.text.base import Bias, FromData
+from project.tasks.text.encoders import Bag, Linear
 from project.tasks.text.hashed import HashedNGrams
+from project.tasks.text.pretrained import Pretrained
 
 TEXT = "The quick brown fox jumps over the lazy dog; the dog sleeps."
 
@@ -82,7 +86,9 @@ def test_a_pretrained_encoder_is_refused_with_hashed_features_before_its_folder_
     """The own-texts config sets hashed n-grams; a pretrained encoder would read those ids as its tokens."""
     with pytest.raises(UserError, match="not hashed n-grams: add --data.tokenizer=null"):
         TextClassifier(
-            pretrained=str(tmp_path / "never-read"), tokenizer_hash=HashedNGrams.fingerprint(4096), vocab_size=4096
+            encoder=functools.partial(Pretrained, folder=str(tmp_path / "never-read")),
+            tokenizer_hash=HashedNGrams.fingerprint(4096),
+            vocab_size=4096,
         )
 
 
@@ -119,7 +125,7 @@ def texts(tmp_path_factory) -> Path:
     """600 texts as text shards, and no tokenizer file at all."""
     root = tmp_path_factory.mktemp("hashed")
     write_words_csv(root / "texts.csv", samples=600, seed=0)
-    prepare(str(root / "texts.csv"), root, samples_per_shard=100, workers=1, quiet=True, text=True)
+    prepare(str(root / "texts.csv"), out=root, samples_per_shard=100, workers=1, quiet=True, text=True)
     return root
 
 
@@ -159,19 +165,17 @@ def test_a_bag_of_hashed_ngrams_learns_classes_that_show_only_in_spelling(texts)
         num_classes=len(data.classes),
         vocab_size=data.vocab_size,
         pad_id=0,
-        encoder="bag",
-        pooling="root",
-        dim=32,
-        dropout=0.0,
+        encoder=functools.partial(Bag, pooling="root", dim=32, dropout=0.0),
     )
     right, total = val_hits_after_training(model, data, torch.nn.functional.cross_entropy)
     assert total > 40 and right / total > 0.7, (right, total)  # chance: 0.25
 
 
 def small_linear(**options) -> TextClassifier:
-    """encoder linear on 10 ids and 3 classes, with IDF counted on 4 texts and a bias of its own."""
+    """A Linear encoder on 10 ids and 3 classes, with IDF counted on 4 texts and a bias of its own."""
     torch.manual_seed(0)
-    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True, **options)
+    encoder = functools.partial(Linear, pooling="root", idf=True, **options)
+    model = TextClassifier(num_classes=3, vocab_size=10, encoder=encoder)
     model.encoder.set_idf(torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0]), texts=4)
     with torch.no_grad():
         model.head.bias.copy_(torch.tensor([0.5, -1.0, 2.0]))
@@ -193,28 +197,25 @@ def smoothed_idf(frequencies: np.ndarray, texts: int) -> torch.Tensor:
 
 
 def test_the_linear_encoder_scores_each_class_by_the_l2_normalised_tf_idf_vector_and_a_bias(texts, monkeypatch):
-    """encoder linear: one embedding column per class and a bias, no hidden layer: logits are the TF-IDF
+    """A Linear encoder: one embedding column per class and a bias, no hidden layer: logits are the TF-IDF
     vector times a [vocab, classes] matrix plus the bias, the model a linear SVM's with squared_hinge."""
-    from project.tasks.text.model import Bias
-
-    model = small_linear(dim=64)
-    assert model.encoder.embedding.weight.shape == (10, 3) and isinstance(model.head, Bias)  # dim is not used
+    model = small_linear()
+    assert model.encoder.embedding.weight.shape == (10, 3) and isinstance(model.head, Bias)  # a column per class
     assert sum(p.numel() for p in model.parameters()) == 10 * 3 + 3
     tokens = torch.tensor([[1, 4, 5, 0], [5, 0, 0, 0]])
     expected = tfidf_rows(tokens, model.encoder.idf) @ model.encoder.embedding.weight + model.head.bias
     assert torch.allclose(model(tokens), expected, atol=1e-6)
 
-    with monkeypatch.context() as patch, pytest.warns(UserWarning, match=r"10 ids x 3 classes = 30 weights .*bag"):
-        patch.setattr("project.tasks.text.model.LARGE_LINEAR", 29)  # a table past it is costed in one warning
-        TextClassifier(num_classes=3, vocab_size=10, encoder="linear")
+    with monkeypatch.context() as patch, pytest.warns(UserWarning, match=r"10 ids x 3 classes = 30 weights .*Bag"):
+        patch.setattr("project.tasks.text.encoders.LARGE_LINEAR", 29)  # a table past it is costed in one warning
+        TextClassifier(num_classes=3, vocab_size=10, encoder=Linear)
 
     # trained with squared hinge, it learns classes that show only in spelling, as bag does
     data = TextShards(root=str(texts), tokenizer="hashed", hash_buckets=4096, batch_size=32, num_workers=0)
     model = TextClassifier(
         num_classes=len(data.classes),
         vocab_size=data.vocab_size,
-        encoder="linear",
-        pooling="root",
+        encoder=functools.partial(Linear, pooling="root"),
         loss="squared_hinge",
     )
     right, total = val_hits_after_training(model, data, squared_hinge)
@@ -226,7 +227,7 @@ def test_document_frequencies_count_each_training_text_once_per_id_and_skip_what
     frequencies, read = data.document_frequencies()
     expected = np.zeros(4096, np.int64)
     shards = data.shards("train")
-    samples = [sample for shard in shards for sample in read_samples(shard.url, extensions=data.extensions)]
+    samples = [sample for shard in shards for sample in read_samples(shard.url, extensions=data.task.extensions)]
     for sample in samples:
         expected[np.unique(data.tokenizer.encode(sample["txt"].decode()).ids)] += 1
     assert read == len(samples) == sum(shard.nsamples for shard in shards) and np.array_equal(frequencies, expected)
@@ -236,10 +237,8 @@ def test_document_frequencies_count_each_training_text_once_per_id_and_skip_what
 
 
 def test_idf_pooling_is_the_l2_normalised_tf_idf_vector_times_the_table_and_ignores_padding():
-    from project.tasks.text.encoders import BagEncoder
-
     torch.manual_seed(0)
-    bag = BagEncoder(vocab_size=10, dim=3, pad_id=0, root=True, idf=True)
+    bag = Bag(data=FromData(vocab_size=10), dim=3, pooling="root", idf=True)
     bag.set_idf(torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0]), texts=4)
     frequencies = torch.tensor([0, 4, 1, 0, 2, 3, 0, 0, 0, 0.0])
     idf = (torch.log(torch.tensor(5.0) / (1 + frequencies)) + 1) * (frequencies >= 2)
@@ -254,7 +253,7 @@ def test_idf_pooling_is_the_l2_normalised_tf_idf_vector_times_the_table_and_igno
     norm = torch.stack([(idf[row[row != 0]] ** 2).sum().sqrt() for row in tokens])
     assert torch.allclose(pooled, (weighted @ bag.embedding.weight) / norm[:, None], atol=1e-6)
     assert torch.allclose(bag(tokens[1:, :2], tokens[1:, :2] != 0), pooled[1:], atol=1e-6)
-    assert "idf" not in BagEncoder(10, 3, 0, root=True).state_dict()  # without idf, checkpoints are as before
+    assert "idf" not in Bag(data=FromData(vocab_size=10), dim=3).state_dict()  # without idf: checkpoints as before
 
 
 def test_a_fit_with_idf_counts_the_training_split_and_keeps_the_weights_in_the_checkpoint(texts, tmp_path):
@@ -264,10 +263,7 @@ def test_a_fit_with_idf_counts_the_training_split_and_keeps_the_weights_in_the_c
     model = TextClassifier(
         num_classes=len(data.classes),
         vocab_size=4096,
-        encoder="bag",
-        pooling="root",
-        dim=8,
-        idf=True,
+        encoder=functools.partial(Bag, pooling="root", dim=8, idf=True),
         l2_c=3.0,
         loss="squared_hinge",
         schedule="constant",
@@ -282,10 +278,7 @@ def test_a_fit_with_idf_counts_the_training_split_and_keeps_the_weights_in_the_c
     trainer.save_checkpoint(path)
     loaded = TextClassifier.load_from_checkpoint(path)
     assert torch.equal(loaded.encoder.idf, model.encoder.idf)  # predict, evaluate and export see the same weights
-    with pytest.raises(UserError, match="model.idf weighs the ids of bag or linear, not cnn's: add --model.idf=false"):
-        TextClassifier(encoder="cnn", idf=True)
-    with pytest.raises(UserError, match="not a pretrained encoder's: add --model.idf=false --data.tokenizer=null"):
-        TextClassifier(encoder="bag", idf=True, pretrained=str(tmp_path))  # refused before the folder is read
+    assert isinstance(loaded.encoder, Bag) and loaded.encoder.root and loaded.encoder.dim == 8  # rebuilt as it was
 
 
 @pytest.mark.parametrize(("family", "usable"), [("bert", 20), ("roberta", 18)])
@@ -296,18 +289,16 @@ def test_data_max_tokens_past_a_pretrained_models_positions_is_one_line(tmp_path
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import transformers
 
-    from project.tasks.text.pretrained import PretrainedEncoder
-
     sizes = dict(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
     name = {"bert": "Bert", "roberta": "Roberta"}[family]
     config = getattr(transformers, f"{name}Config")(max_position_embeddings=20, pad_token_id=1, **sizes)
     model = getattr(transformers, f"{name}Model")(config)
     model.save_pretrained(tmp_path / family)
-    encoder = PretrainedEncoder(str(tmp_path / family))
+    encoder = Pretrained(data=FromData(), folder=str(tmp_path / family))
     encoder.check_length(usable)
     tokens = torch.full((1, usable), 5)
     assert encoder(tokens, torch.ones_like(tokens, dtype=torch.bool)).shape == (1, 8)  # the longest it holds runs
-    wanted = f"data.max_tokens is {usable + 1}, but model.pretrained has {usable} positions"
+    wanted = f"data.max_tokens is {usable + 1}, but the Pretrained encoder has {usable} positions"
     with pytest.raises(UserError, match=f"^{wanted}: set --data.max_tokens {usable} or less$"):
         encoder.check_length(usable + 1)
     with pytest.raises((IndexError, RuntimeError)):  # what the check stands in front of, deep in the model

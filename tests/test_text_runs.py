@@ -4,6 +4,8 @@ encoder, what TensorBoard receives, data fractions and `project.evaluate`."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import math
 import shutil
@@ -16,8 +18,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from project.errors import UserError
 from project.tasks.text import TextClassifier, TextShards
-from project.tasks.text.encoders import BagEncoder
+from project.tasks.text.encoders import Linear
 from project.tasks.text.hashed import HashedNGrams
+from project.tasks.text.pretrained import Pretrained
 from project.tasks.text.tokenizer import file_hash, train_tokenizer
 
 from .conftest import REPO, run_here, run_module
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.slow
 CONFIGS = ["--config", str(REPO / "configs" / "text" / "demo.yaml"), "--config", str(REPO / "tests" / "text.yaml")]
 RUN = Path("logs") / "text-demo" / "version_0"
 EPOCH_BATCHES = 480 // 16
+PRETRAINED = "--model.encoder=project.tasks.text.pretrained.Pretrained"  # then --model.encoder.folder=FOLDER
 
 
 def train_args(root: Path, *extra: str) -> list[str]:
@@ -203,26 +207,32 @@ def tiny_folder(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_a_pretrained_encoder_fine_tunes_and_masks_its_padding(root, tmp_path, monkeypatch):
     folder = tiny_folder(root, tmp_path, monkeypatch)
-    assert all(module.training for module in TextClassifier(pretrained=str(folder)).modules()), "dropout would be off"
+    model = TextClassifier(encoder=functools.partial(Pretrained, folder=str(folder)))
+    assert all(module.training for module in model.modules()), "dropout would be off"
     tokenizer = str(folder / "tokenizer.json")
     # the data's own BPE named by hand: its ids would fit the embeddings and train on nonsense
     other = run_here(
         "project.train",
-        *train_args(root, f"--model.pretrained={folder}", f"--data.tokenizer={root}/train/tokenizer.json"),
+        *train_args(
+            root, PRETRAINED, f"--model.encoder.folder={folder}", f"--data.tokenizer={root}/train/tokenizer.json"
+        ),
         cwd=tmp_path,
     )
     assert other.returncode == 2, other.stderr[-3000:]
-    wanted = "another tokenizer than model.pretrained's: leave data.tokenizer unset to use the model's own"
+    wanted = "another tokenizer than the Pretrained encoder's: leave data.tokenizer unset to use the model's own"
     assert other.stderr.strip().splitlines()[-1].endswith(wanted), other.stderr[-500:]
     bare = tmp_path / "weights-only"  # no tokenizer beside the weights: the vocabulary sizes still tell
     bare.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(folder / name, bare / name)
-    with pytest.raises(UserError, match="tokenizer has 8000 tokens, model.pretrained's embeddings"):
-        TextClassifier(pretrained=str(bare), tokenizer_hash="0" * 64, vocab_size=8000)
+    with pytest.raises(UserError, match="tokenizer has 8000 tokens, the Pretrained encoder's embeddings"):
+        TextClassifier(
+            encoder=functools.partial(Pretrained, folder=str(bare)), tokenizer_hash="0" * 64, vocab_size=8000
+        )
     args = train_args(  # no data.tokenizer: the folder's own, through AutoTokenizer
         root,
-        f"--model.pretrained={folder}",
+        PRETRAINED,
+        f"--model.encoder.folder={folder}",
         "--data.max_tokens=64",
         "--trainer.max_steps=3",
         "--trainer.log_every_n_steps=1",
@@ -257,10 +267,11 @@ def test_the_pretrained_config_fine_tunes_a_local_folder_within_its_positions(ro
     the final weights are tested, and a data.max_tokens past the model's positions is one line, before training."""
     folder = tiny_folder(root, tmp_path, monkeypatch)  # 64 positions; the config keeps 128 tokens
     config = ["--config", str(REPO / "configs" / "text" / "pretrained.yaml"), f"--data.root={root}"]
-    config += [f"--model.pretrained={folder}", "--trainer.enable_progress_bar=false"]
+    config += [f"--model.encoder.folder={folder}", "--trainer.enable_progress_bar=false"]
     longer = run_here("project.train", *config, cwd=tmp_path)
     assert longer.returncode == 2, longer.stderr[-3000:]
-    wanted = "error: data.max_tokens is 128, but model.pretrained has 64 positions: set --data.max_tokens 64 or less"
+    wanted = "data.max_tokens is 128, but the Pretrained encoder has 64 positions: set --data.max_tokens 64 or less"
+    wanted = f"error: {wanted}"
     assert longer.stderr.strip().splitlines()[-1] == wanted, longer.stderr[-500:]
     assert not (tmp_path / "logs").exists()
 
@@ -294,14 +305,14 @@ def test_the_config_without_downloads_trains_a_linear_svm_on_idf_weighted_ngrams
     assert len(events(run).Scalars("val/acc")) == 10
     assert not (run / "checkpoints" / "best.ckpt").exists()
     final = TextClassifier.load_from_checkpoint(run / "checkpoints" / "last.ckpt")
-    assert final.hparams.encoder == "linear" and isinstance(final.encoder, BagEncoder) and final.encoder.root
+    assert isinstance(final.encoder, Linear) and final.encoder.root
     assert final.encoder.embedding.weight.shape == (final.hparams.vocab_size, 8)  # a column per class: no head
     assert final.hparams.loss == "squared_hinge" and final.hparams.l2_c == 1.0
     assert final.hparams.tokenizer_hash == HashedNGrams.fingerprint(final.hparams.vocab_size)
     idf = final.encoder.idf
     assert int(final.encoder.idf_texts) == 480 and idf[0] == 0 and idf[idf > 0].min() >= 1 and idf.max() > 3
-    ratios = final.encoder.ratios  # model.nb: each class's column scaled by the ids' log-count ratios
-    assert final.hparams.nb and ratios.shape == (final.hparams.vocab_size, 8) and ratios.std(1).max() > 0.5
+    ratios = final.encoder.ratios  # nb: each class's column scaled by the ids' log-count ratios
+    assert ratios.shape == (final.hparams.vocab_size, 8) and ratios.std(1).max() > 0.5
     # an SVM's scores sit near +-1: their softmax is too flat, and the val split's temperature sharpens it
     temperatures = [scalar.value for scalar in events(run).Scalars("val/temperature")]
     assert len(temperatures) == 10 and float(final.calibration.temperature) == pytest.approx(temperatures[-1])
@@ -335,7 +346,7 @@ def test_ddp_ranks_share_the_count_of_ids_and_get_the_weights_of_one_count(root,
     data = TextShards(root=str(root), tokenizer="hashed", hash_buckets=final.hparams.vocab_size, max_tokens=8192)
     frequencies, texts = data.document_frequencies(by_class=True)  # one process, every text
     assert int(final.encoder.idf_texts) == texts == 480
-    one = TextClassifier(**final.hparams)
+    one = copy.deepcopy(final)  # its buffers set again from one process's count
     one.encoder.set_ratios(torch.from_numpy(frequencies))
     one.encoder.set_idf(torch.from_numpy(frequencies.sum(1)), texts)
     assert torch.equal(final.encoder.ratios, one.encoder.ratios) and torch.equal(final.encoder.idf, one.encoder.idf)

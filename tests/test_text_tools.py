@@ -34,7 +34,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:'project.(tune|scaling)' found in sys.modules"),  # imported here, run as -m
 ]
 TEXT_CONFIG = REPO / "configs" / "text" / "demo.yaml"
-TINY_MODEL = ["--model.dim=16", "--model.layers=1", "--model.heads=2"]
+TINY_MODEL = ["--model.encoder.dim=16", "--model.encoder.layers=1"]  # demo.yaml's Conv encoder, smaller
 TINY_RUN = [
     "--data.num_workers=0",
     "--data.batch_size=32",
@@ -52,7 +52,7 @@ def make_text_data(root: Path, samples: int = 600) -> Path:
     """Reviews split 80/10/10 into shards of 100, with a 300-token tokenizer."""
     root.mkdir(parents=True, exist_ok=True)
     write_csv(root / "reviews.csv", samples)
-    prepare(str(root / "reviews.csv"), root / "data", samples_per_shard=100, workers=1, quiet=True, text=True)
+    prepare(str(root / "reviews.csv"), out=root / "data", samples_per_shard=100, workers=1, quiet=True, text=True)
     train_tokenizer(root / "data", vocab_size=300, quiet=True)
     return root / "data"
 
@@ -210,7 +210,7 @@ def test_text_bench_ratios_are_quotients_of_the_medians():
 
 @pytest.mark.slow
 def test_text_bench_runs_on_tiny_data_and_reports_every_field(text_data, capsys):
-    result = bench_main(["--task", "text", "--data", str(text_data), "--quick", "--json"])
+    result = bench_main(["--task", "text", "--data", str(text_data), "--quick=true", "--json=true"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert json.loads(lines[-1]) == result
     assert set(result["medians"]) == set(FIGURES) and all(len(result["runs"][name]) == 1 for name in FIGURES)
@@ -250,8 +250,7 @@ def test_tune_runs_two_tiny_trials_of_the_text_task_with_its_search_space(text_d
         "--config",
         str(TEXT_CONFIG),
         f"--data.root={text_data}",
-        "--model.heads=2",
-        "--model.layers=1",
+        "--model.encoder.layers=1",
         *TINY_RUN,
     ]
     result = run_here("project.tune", *args, cwd=tmp_path)
@@ -259,7 +258,8 @@ def test_tune_runs_two_tiny_trials_of_the_text_task_with_its_search_space(text_d
     storage = f"sqlite:///{tmp_path / 'logs' / 'text' / 'study.db'}"
     trials = optuna.load_study(study_name="text", storage=storage).get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
-    assert set(trials[0].params) == {"model.lr", "model.dim", "model.dropout", "data.token_dropout", "model.l2_c"}
+    encoder = {"model.encoder.init_args.dim", "model.encoder.init_args.dropout"}  # the Conv encoder's own settings
+    assert set(trials[0].params) == {"model.lr", *encoder, "data.token_dropout", "model.l2_c"}
     assert config_l2_c(tmp_path) == pytest.approx(trials[0].params["model.l2_c"])  # reached the model
     config = yaml.safe_load((tmp_path / "logs" / "text" / "trial_0" / "config.yaml").read_text())
     assert config["data"]["init_args"]["token_dropout"] == pytest.approx(trials[0].params["data.token_dropout"])
@@ -268,7 +268,7 @@ def test_tune_runs_two_tiny_trials_of_the_text_task_with_its_search_space(text_d
 
 @pytest.mark.slow
 def test_scaling_runs_two_fractions_of_the_text_task(text_data, tmp_path):
-    args = ["--fractions=0.5,1.0", "--config", str(TEXT_CONFIG), f"--data.root={text_data}", *TINY_MODEL, *TINY_RUN]
+    args = ["--fractions=[0.5,1.0]", "--config", str(TEXT_CONFIG), f"--data.root={text_data}", *TINY_MODEL, *TINY_RUN]
     result = run_here("project.scaling", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     folder = tmp_path / "logs" / "text-demo-scaling"
@@ -334,8 +334,13 @@ def test_active_learning_runs_on_text_shards_with_the_pool_s_tokenizer(text_data
 def test_a_model_on_hashed_ngrams_exports_with_the_features_definition(text_data, tmp_path):
     from project.tasks.text.hashed import HashedNGrams
 
-    hashed = ["--data.tokenizer=hashed", "--data.hash_buckets=4096", "--model.encoder=bag", "--model.pooling=root"]
-    args = ["--config", str(TEXT_CONFIG), f"--data.root={text_data}", *hashed, "--model.dim=16", *TINY_RUN]
+    hashed = [
+        "--data.tokenizer=hashed",
+        "--data.hash_buckets=4096",
+        "--model.encoder=Bag",
+        "--model.encoder.pooling=root",
+    ]
+    args = ["--config", str(TEXT_CONFIG), f"--data.root={text_data}", *hashed, "--model.encoder.dim=16", *TINY_RUN]
     assert (result := run_here("project.train", *args, cwd=tmp_path)).returncode == 0, result.stderr[-3000:]
     report = export(tmp_path / "logs" / "text-demo" / "version_0", tmp_path / "out", "--format=onnx")
     assert report["variants"][0]["top1_agreement"] == 1.0

@@ -246,14 +246,16 @@ def test_redacted_text_hides_commands_and_credentials_wherever_they_stand():
 
 
 def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_one_line(tmp_path):
-    """A damaged or hostile checkpoint with a tensor of another shape (here model.nb's ratios, a buffer) stops in
+    """A damaged or hostile checkpoint with a tensor of another shape (here the nb ratios, a buffer) stops in
     one line naming it, where torch's load_state_dict would give a size-mismatch traceback; Lightning's loading,
     evaluate, predict and export all call on_load_checkpoint first."""
     import lightning as L
 
     from project.tasks.text import TextClassifier
+    from project.tasks.text.encoders import Linear
 
-    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True, nb=True)
+    linear = functools.partial(Linear, pooling="root", idf=True, nb=True)
+    model = TextClassifier(num_classes=3, vocab_size=10, encoder=linear)
     checkpoint = {
         "state_dict": {**model.state_dict(), "encoder.ratios": torch.ones(5, 3)},
         "hyper_parameters": dict(model.hparams),
@@ -276,8 +278,9 @@ def test_a_checkpoint_whose_weights_hold_nan_is_one_line_and_a_buffers_infinity_
     import lightning as L
 
     from project.tasks.text import TextClassifier
+    from project.tasks.text.encoders import Linear
 
-    model = TextClassifier(num_classes=3, vocab_size=10, encoder="linear", pooling="root", idf=True)
+    model = TextClassifier(num_classes=3, vocab_size=10, encoder=functools.partial(Linear, pooling="root", idf=True))
     (parameter, weights), buffer = next(iter(model.named_parameters())), "encoder.idf"
     assert buffer in model.state_dict() and buffer not in dict(model.named_parameters())
 
@@ -309,11 +312,12 @@ def test_a_checkpoint_whose_weights_hold_nan_is_one_line_and_a_buffers_infinity_
 
 
 def test_weights_files_and_pretrained_folders_whose_weights_hold_nan_are_one_line(tmp_path, monkeypatch):
-    """The siblings of a checkpoint: `--model.weights` (a state dict for a backbone) and `model.pretrained`
-    (a Hugging Face folder) are refused in one line naming the tensor, before training starts on them."""
+    """The siblings of a checkpoint: `--model.backbone.weights` (a state dict for a backbone) and
+    `--model.encoder.folder` (a Hugging Face folder) are refused in one line naming the tensor, before training
+    starts on them."""
     from torch import nn
 
-    from project.tasks.image.backbones import load_weights_file
+    from project.tasks.image.weights_file import load_weights_file
 
     features, head = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), nn.Linear(4, 2)
     state = {f"backbone.{k}": v for k, v in features.state_dict().items()}
@@ -322,24 +326,24 @@ def test_weights_files_and_pretrained_folders_whose_weights_hold_nan_are_one_lin
     load_weights_file(features, head, tmp_path / "good.pth")  # finite: loads
     state["backbone.1.running_var"] = torch.full((4,), float("nan"))
     torch.save(state, tmp_path / "nan.pth")
-    with pytest.raises(UserError, match=r"^--model.weights .*nan.pth: 1.running_var holds NaN \(4 of 4\)"):
+    with pytest.raises(UserError, match=r"^--model.backbone.weights .*nan.pth: 1.running_var holds NaN \(4 of 4\)"):
         load_weights_file(features, head, tmp_path / "nan.pth")
     state["backbone.1.running_var"] = torch.ones(4)
     state["head.weight"] = torch.full((2, 4), float("inf"))
     torch.save(state, tmp_path / "inf.pth")
-    with pytest.raises(UserError, match=r"^--model.weights .*inf.pth: head.weight holds NaN or infinite values"):
+    with pytest.raises(UserError, match=r"^--model.backbone.weights .*inf.pth: head.weight holds NaN or infinite"):
         load_weights_file(features, head, tmp_path / "inf.pth")
 
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from transformers import DistilBertConfig, DistilBertModel
 
-    from project.tasks.text.pretrained import PretrainedEncoder
+    from project.tasks.text.pretrained import load_model
 
     config = DistilBertConfig(vocab_size=50, dim=8, n_layers=1, n_heads=2, hidden_dim=16, max_position_embeddings=16)
     model = DistilBertModel(config)
     with torch.no_grad():
         model.embeddings.word_embeddings.weight[3, 0] = float("nan")
     model.save_pretrained(tmp_path / "bert")
-    with pytest.raises(UserError, match=r"^model.pretrained .*bert: embeddings.word_embeddings.weight holds NaN "):
-        PretrainedEncoder(str(tmp_path / "bert"))
+    with pytest.raises(UserError, match=r"^model.encoder.folder .*bert: embeddings.word_embeddings.weight holds NaN "):
+        load_model(str(tmp_path / "bert"))

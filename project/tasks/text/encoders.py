@@ -1,65 +1,76 @@
-"""The text task's encoders: token ids [B, L] and their mask in, one feature vector [B, D] a text out. Each
-ignores padded positions, so a batch padded to its longest text gives each text the features it has alone."""
+"""The text task's built-in encoders, each picked by `class_path` in `model.encoder` with its own settings (base.py):
+`Linear` and `Bag` (pooled id embeddings, their weights in frequencies.py), `NGrams`, `Conv` and `Transformer`;
+`Pretrained` (a Hugging Face folder) is in pretrained.py. Each ignores padded positions, so a batch padded to its
+longest text gives each text the features it has alone."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from project.errors import UserError
+from project.tasks.text.base import Bias, FromData, TextEncoder, masked_mean
 
-MIN_DF = 2  # training texts an id must be in to weigh anything (model.idf)
-NB_ALPHA = 0.25  # model.nb's smoothing: counts added to each id's in each class (0.25 to 1 tried; 0.25 the best)
-
-
-def masked_mean(
-    states: torch.Tensor, mask: torch.Tensor, root: bool = False, weights: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The mean of `states` [B, L, D] over the positions where `mask` [B, L] is true; with `root`, their sum
-    divided by the square root of their count (a bag of features scaled to about unit L2 norm, as TF-IDF is).
-    With `weights` [B, L], the weighted mean, or with `root` the weighted sum over the root of the weights'
-    squares (the count is the case of weights 1)."""
-    weights = mask if weights is None else weights * mask
-    weights = weights.unsqueeze(-1).to(states.dtype)
-    total = weights.square().sum(1).sqrt() if root else weights.sum(1)
-    return (states * weights).sum(1) / total.clamp(min=1e-6)  # a text with no weight pools to zeros
+LARGE_LINEAR = 1 << 26  # weights of Linear's table past which a run is told what it costs (256 MiB in float32)
+MIN_DF = 2  # training texts an id must be in to weigh anything (idf)
+NB_ALPHA = 0.25  # nb's smoothing: counts added to each id's in each class (0.25 to 1 tried; 0.25 the best)
 
 
-class BagEncoder(nn.Module):
-    """The pooled token embeddings (padding left out): fast, and blind to word order. With `root` pooling and
-    `data.tokenizer: hashed` it is fastText on word and character n-grams: a low-rank linear model of the
-    features the linear baseline reads, so it starts near zero as a linear model does.
+class Bag(TextEncoder):
+    """The pooled token embeddings (padding left out) and a linear head: fast, and blind to word order. With `root`
+    pooling and `data.tokenizer: hashed` it is fastText on word and character n-grams: a low-rank linear model of
+    the features the linear baseline reads, so it starts near zero as a linear model does.
 
-    With `idf`, each id's embedding is weighed by its inverse document frequency in the training split (set by
-    `set_idf` before training, then kept in the checkpoint as a buffer), and root pooling divides by the root
-    of the weights' squares: the TF-IDF vector, L2-normalised, that the baseline reads.
+    With `idf`, each id's embedding is weighed by its inverse document frequency in the training split (counted in
+    one pass over it when a fit starts, `set_idf`, then kept in the checkpoint as a buffer), and root pooling divides
+    by the root of the weights' squares: the TF-IDF vector, L2-normalised, that the baseline reads.
 
-    With `nb` (one column per class: encoder linear), each id's weight in each class's column is scaled by the
-    id's naive-Bayes log-count ratio for that class (set by `set_ratios`, kept as a buffer): NBSVM (Wang and
-    Manning, "Baselines and Bigrams", 2012), an SVM whose penalty spares the ids naive Bayes finds telling."""
+    Args:
+        data: what the data module says (given by the classifier).
+        dim: width of the embeddings.
+        pooling: mean, or root (their sum over the square root of their count: the scale of a TF-IDF vector; with
+            data.tokenizer hashed, the strongest on real texts).
+        idf: weigh the ids by their inverse document frequency in the training split: with root pooling, TF-IDF as
+            the baseline's.
+        dropout: dropout before the head.
+    """
 
     def __init__(
-        self, vocab_size: int, dim: int, pad_id: int, root: bool = False, idf: bool = False, nb: bool = False
+        self,
+        *,
+        data: FromData,
+        dim: int = 128,
+        pooling: Literal["mean", "root"] = "mean",
+        idf: bool = False,
+        dropout: float = 0.1,
     ) -> None:
         super().__init__()
-        self.dim, self.root = dim, root
-        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
-        if root:
+        self.dim, self.root, self.head_dropout = dim, pooling == "root", dropout
+        self.embedding = nn.Embedding(data.vocab_size, dim, padding_idx=data.pad_id)
+        if self.root:
             nn.init.normal_(self.embedding.weight, 0, 0.01)
             with torch.no_grad():
-                self.embedding.weight[pad_id].zero_()
-        self.register_buffer("idf", torch.ones(vocab_size) if idf else None)  # None: not in the state dict
+                self.embedding.weight[data.pad_id].zero_()
+        self.register_buffer("idf", torch.ones(data.vocab_size) if idf else None)  # None: not in the state dict
         if idf:
             self.register_buffer("idf_texts", torch.zeros((), dtype=torch.long))  # texts it was counted on
-        self.register_buffer("ratios", torch.ones(vocab_size, dim) if nb else None)
+        self.register_buffer("ratios", None)  # Linear's nb
+
+    @property
+    def counted(self) -> bool:
+        """Whether a fit counts the training split's ids for it first (idf, nb)."""
+        return self.idf is not None or self.ratios is not None
 
     def set_idf(self, frequencies: torch.Tensor, texts: int) -> None:
         """Weights from the training texts that hold each id: ln((1 + texts) / (1 + frequency)) + 1, as
         scikit-learn's smoothed IDF, and 0 for an id in fewer than MIN_DF texts, as the baseline's min_df: an id
         seen once cannot generalise, and one never seen (a test text's new words) would dilute the rest."""
         if self.idf is None:
-            raise UserError("this bag was built without model.idf")
+            raise UserError("this bag was built without idf")
         frequencies = frequencies.to(self.idf)
         self.idf.copy_((torch.log((1 + texts) / (1 + frequencies)) + 1) * (frequencies >= MIN_DF))
         self.idf_texts.fill_(texts)
@@ -70,10 +81,10 @@ class BagEncoder(nn.Module):
         (Wang and Manning's, with their binarized counts). An id as common in the class as outside it gets about
         0: the class's score ignores it unless the data insists; a telling one is cheap to weigh."""
         if self.ratios is None:
-            raise UserError("this bag was built without model.nb")
+            raise UserError("this bag was built without nb")
         if class_frequencies.shape != self.ratios.shape:
             raise UserError(
-                f"model.nb needs [ids, classes] counts {tuple(self.ratios.shape)}, got {tuple(class_frequencies.shape)}"
+                f"nb needs [ids, classes] counts {tuple(self.ratios.shape)}, got {tuple(class_frequencies.shape)}"
             )
         inside = class_frequencies.to(torch.float64) + NB_ALPHA
         outside = class_frequencies.sum(1, keepdim=True).to(torch.float64) + 2 * NB_ALPHA - inside
@@ -88,24 +99,77 @@ class BagEncoder(nn.Module):
         return masked_mean(embeddings, mask, self.root, weights)
 
 
-class NGramEncoder(nn.Module):
+class Linear(Bag):
+    """One embedding column per class and a bias for a head, no hidden layer: with data.tokenizer hashed, root
+    pooling, idf and the squared hinge loss, a linear SVM on TF-IDF n-grams, the strongest on a few thousand to
+    tens of thousands of real texts. Its table holds vocab_size x num_classes weights; a run is warned past 2^26.
+
+    With `nb`, each id's weight in each class's column is scaled by the id's naive-Bayes log-count ratio for that
+    class (counted with idf's pass over the training split, `set_ratios`, kept as a buffer): NBSVM (Wang and
+    Manning, "Baselines and Bigrams", 2012), an SVM whose penalty spares the ids naive Bayes finds telling; 0.8-3
+    points over the plain linear SVM on the tuning sets (benchmarks/README.md).
+
+    Args:
+        data: what the data module says (given by the classifier).
+        pooling: mean, or root (an L2-normalised TF-IDF vector with idf).
+        idf: weigh the ids by their inverse document frequency in the training split.
+        nb: scale each class's column by the ids' naive-Bayes log-count ratios for the class.
+    """
+
+    def __init__(
+        self, *, data: FromData, pooling: Literal["mean", "root"] = "mean", idf: bool = False, nb: bool = False
+    ) -> None:
+        super().__init__(data=data, dim=data.num_classes, pooling=pooling, idf=idf, dropout=0.0)
+        if nb:
+            self.register_buffer("ratios", torch.ones(data.vocab_size, data.num_classes))
+        if data.vocab_size * data.num_classes > LARGE_LINEAR:
+            copies = (
+                "x5 with the gradient, Adam's moments and nb's ratios"
+                if nb
+                else "x4 with the gradient and Adam's moments"
+            )
+            rank_zero_warn(
+                f"a Linear encoder holds {data.vocab_size:,} ids x {data.num_classes:,} classes = "
+                f"{data.vocab_size * data.num_classes:,} weights ({copies}): "
+                "fewer data.hash_buckets, or a Bag encoder (model.encoder.dim wide), would be smaller"
+            )
+
+    def make_head(self, num_classes: int) -> nn.Module:
+        """A bias per class: the pooled embeddings are the class scores."""
+        return Bias(num_classes)
+
+
+class NGrams(TextEncoder):
     """fastText's text classifier (Joulin et al., "Bag of Tricks for Efficient Text Classification", 2016):
     the mean of the embeddings of a text's tokens and of its runs of 2 to `ngrams` tokens, each run hashed
     into one of `buckets` shared rows. It sees word order only within a run, at the speed of a bag of words. On
     real texts a bag of hashed word and character n-grams (data.tokenizer hashed) does as well or better
-    (benchmarks/README.md, "Text on real data")."""
+    (benchmarks/README.md, "Text on real data").
+
+    Args:
+        data: what the data module says (given by the classifier).
+        dim: width of the embeddings.
+        ngrams: the longest run of tokens embedded as one (1 is a bag of tokens).
+        buckets: rows the token runs are hashed into: more means fewer runs share a row.
+        dropout: dropout before the head.
+    """
 
     PRIME = 1_000_003  # the rolling hash's multiplier: runs that differ in any token land apart
 
-    def __init__(self, vocab_size: int, dim: int, ngrams: int, buckets: int, pad_id: int) -> None:
+    def __init__(
+        self, *, data: FromData, dim: int = 128, ngrams: int = 2, buckets: int = 1 << 17, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         if ngrams < 1 or (ngrams > 1 and buckets < 1):
-            raise UserError(f"model.ngrams must be 1 or more and model.buckets positive, got {ngrams}, {buckets}")
-        self.dim, self.vocab_size, self.ngrams, self.buckets = dim, vocab_size, ngrams, buckets
-        self.embedding = nn.Embedding(vocab_size + (buckets if ngrams > 1 else 0), dim, padding_idx=pad_id)
+            raise UserError(
+                f"model.encoder.ngrams must be 1 or more and model.encoder.buckets positive, got {ngrams}, {buckets}"
+            )
+        self.dim, self.vocab_size, self.ngrams, self.buckets = dim, data.vocab_size, ngrams, buckets
+        self.head_dropout = dropout
+        self.embedding = nn.Embedding(data.vocab_size + (buckets if ngrams > 1 else 0), dim, padding_idx=data.pad_id)
         nn.init.uniform_(self.embedding.weight, -1 / dim, 1 / dim)  # fastText's start: near zero, all alike
         with torch.no_grad():
-            self.embedding.weight[pad_id].zero_()
+            self.embedding.weight[data.pad_id].zero_()
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         ids, keep = [tokens], [mask]
@@ -118,17 +182,27 @@ class NGramEncoder(nn.Module):
         return masked_mean(self.embedding(torch.cat(ids, 1)), torch.cat(keep, 1))
 
 
-class ConvEncoder(nn.Module):
+class Conv(TextEncoder):
     """Token embeddings, 1-D convolutions over neighbouring tokens (each layer sees two more), and the
-    masked max over positions: n-gram detectors ("not great") that train fast on a CPU.
+    masked max over positions: n-gram detectors ("not great") that train fast on a CPU. Sees local word order
+    such as negation.
 
     Padded positions are zeroed after every layer, so a text's logits do not depend on its padding.
+
+    Args:
+        data: what the data module says (given by the classifier).
+        dim: width of the embeddings and of the convolutions.
+        layers: convolution layers.
+        kernel: tokens each convolution spans.
+        dropout: dropout after each convolution and before the head.
     """
 
-    def __init__(self, vocab_size: int, dim: int, layers: int, kernel: int, dropout: float, pad_id: int) -> None:
+    def __init__(
+        self, *, data: FromData, dim: int = 128, layers: int = 2, kernel: int = 3, dropout: float = 0.1
+    ) -> None:
         super().__init__()
-        self.dim = dim
-        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        self.dim, self.head_dropout = dim, dropout
+        self.embedding = nn.Embedding(data.vocab_size, dim, padding_idx=data.pad_id)
         self.convolutions = nn.ModuleList(nn.Conv1d(dim, dim, kernel, padding=kernel // 2) for _ in range(layers))
         self.dropout = nn.Dropout(dropout)
 
@@ -141,19 +215,27 @@ class ConvEncoder(nn.Module):
         return states.amax(dim=2)
 
 
-class TransformerEncoder(nn.Module):
-    """Token and learned position embeddings, pre-norm transformer layers that ignore padding, and the
-    masked mean of the last layer."""
+class Transformer(TextEncoder):
+    """Token and learned position embeddings (data.max_tokens of them), pre-norm transformer layers that ignore
+    padding, and the masked mean of the last layer: sees the whole text's order, slow to train from scratch.
+
+    Args:
+        data: what the data module says (given by the classifier).
+        dim: width of the embeddings and of the layers: a multiple of `heads`.
+        layers: transformer layers.
+        heads: attention heads of each layer.
+        dropout: dropout in the layers and before the head.
+    """
 
     def __init__(
-        self, vocab_size: int, dim: int, layers: int, heads: int, dropout: float, max_tokens: int, pad_id: int
+        self, *, data: FromData, dim: int = 128, layers: int = 2, heads: int = 4, dropout: float = 0.1
     ) -> None:
         super().__init__()
         if dim % heads:
-            raise UserError(f"model.dim ({dim}) must be a multiple of model.heads ({heads})")
-        self.dim = dim
-        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
-        self.position_embedding = nn.Embedding(max_tokens, dim)
+            raise UserError(f"model.encoder.dim ({dim}) must be a multiple of model.encoder.heads ({heads})")
+        self.dim, self.head_dropout = dim, dropout
+        self.embedding = nn.Embedding(data.vocab_size, dim, padding_idx=data.pad_id)
+        self.position_embedding = nn.Embedding(data.max_tokens, dim)
         layer = nn.TransformerEncoderLayer(
             dim, heads, 4 * dim, dropout, activation="gelu", batch_first=True, norm_first=True
         )

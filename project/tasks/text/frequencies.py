@@ -1,5 +1,5 @@
-"""Counting ids in the training texts: the document frequencies behind model.idf's weights and model.nb's
-naive-Bayes ratios, one pass over the training split before a fit."""
+"""Counting ids in the training texts: the document frequencies behind the IDF weights and naive-Bayes ratios of
+the Bag and Linear encoders (idf, nb) and of the n-gram branch, one pass over the training split before a fit."""
 
 from __future__ import annotations
 
@@ -44,11 +44,17 @@ def count_documents(
     return frequencies, texts
 
 
-def set_counts(model: Any, encoder: Any, by_class: bool, idf: bool, size: int, ngrams: bool = False) -> None:
-    """Set a bag's IDF weights (and with `by_class`, its naive-Bayes ratios) from the training split of the data
-    `model` (a TextClassifier) is fitted on; `ngrams`: of the hashed n-grams beside the tokens."""
-    # each rank counts its share of the training texts, and the sums are every rank's: the same weights
+def set_counts(model: Any, encoder: Any, size: int, ngrams: bool = False) -> None:
+    """Set a bag's IDF weights (if it has them) and naive-Bayes ratios (if it has them: counted per class) from the
+    training split of the data `model` (a TextClassifier) is fitted on; `ngrams`: of the hashed n-grams beside the
+    tokens, which an n-gram branch reads."""
     data, strategy, world = model.trainer.datamodule, model.trainer.strategy, model.trainer.world_size
+    if not hasattr(data, "document_frequencies"):
+        raise UserError("idf, nb and model.ngram_branch count ids in the training split: fit with TextShards")
+    if ngrams and not getattr(data, "ngram_buckets", 0):
+        raise UserError("model.ngram_branch reads hashed n-grams beside the tokens: set data.ngram_ids (8192)")
+    by_class, idf = encoder.ratios is not None, encoder.idf is not None
+    # each rank counts its share of the training texts, and the sums are every rank's: the same weights
     frequencies, texts = data.document_frequencies(by_class=by_class, part=(model.global_rank, world), ngrams=ngrams)
     if world > 1:
         device = strategy.root_device

@@ -3,69 +3,55 @@ text gives the same logits as each text alone."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
-from torch import nn
 
+from project.callbacks.checkpoint_io import load_checkpoint_file
 from project.callbacks.checkpoint_shape import quoted
 from project.callbacks.media import log_text, media_loggers
 from project.errors import UserError
 from project.tasks.classifier import Classifier, decay_groups, squared_hinge, training_samples
+from project.tasks.text.base import EncoderFactory, FromData
 from project.tasks.text.batch import TextBatch
-from project.tasks.text.branch import Bias, NGramBranch, check_branch, standardised
-from project.tasks.text.encoders import BagEncoder, ConvEncoder, NGramEncoder, TransformerEncoder
+from project.tasks.text.branch import BranchFactory, standardised
+from project.tasks.text.factories import LOADER, check_classes, described
 from project.tasks.text.frequencies import set_counts
-from project.tasks.text.hashed import HashedNGrams
-from project.tasks.text.pretrained import PretrainedEncoder
 
 TABLE_ROWS = 16  # texts of the first training batch shown in TensorBoard
-BAGS = ("bag", "linear")  # the encoders that pool their ids' embeddings, and so can weigh them by IDF
-LARGE_LINEAR = 1 << 26  # weights of linear's table past which a run is told what it costs (256 MiB in float32)
 
 
 class TextClassifier(Classifier):
-    """A text classifier trained with cross-entropy: an encoder, masked mean pooling and a linear head.
+    """A text classifier: an encoder (`model.encoder`, a class_path), its head, and optionally an n-gram branch
+    beside it, trained with one optimizer, schedule and loss. What the data says (classes, vocabulary, padding,
+    tokenizer) is linked from the data module and passed to the encoder as it is built (base.py's `FromData`).
 
     Args:
+        encoder: the encoder's class_path and its own settings (init_args): project.tasks.text.encoders.Linear
+            (a linear model of the ids: with data.tokenizer hashed, root pooling, idf, nb and the squared hinge,
+            NBSVM; configs/text/nbsvm.yaml), Bag (fastText: pooled embeddings and a linear head), NGrams (BPE token
+            and hashed token n-gram embeddings), Conv (sees local word order such as negation;
+            configs/text/demo.yaml), Transformer (the whole text's order, slow to train from scratch), or
+            project.tasks.text.pretrained.Pretrained (a local Hugging Face folder, fine-tuned;
+            configs/text/pretrained.yaml). `--model.encoder.help Linear` lists a class's settings.
+        ngram_branch: beside the encoder, project.tasks.text.branch.NGramBranch: an NBSVM on the hashed word and
+            character n-grams the data adds (data.ngram_ids), trained on its own loss in the same steps. The two
+            models' class scores are each standardised over the classes, per text, and added: the logits. They err
+            on different texts, so the sum beats both (benchmarks/README.md, "Text on real data");
+            configs/text/default.yaml. None (the default): no branch.
         num_classes: number of classes (linked from the data's shard index; never set it by hand).
         class_names: names of the classes (linked from the data), kept in checkpoints for reports.
         vocab_size: the tokenizer's vocabulary size (linked from the data).
         pad_id: the tokenizer's padding id (linked from the data); padded positions are masked.
-        max_tokens: the longest input (linked from the data): the positional table's length.
+        max_tokens: the longest input (linked from the data).
         tokenizer_hash: the sha256 of the tokenizer the model is trained with (linked from the data); a
             checkpoint loaded with data tokenized otherwise is refused.
-        encoder: linear (one embedding column per class and no hidden layer: with data.tokenizer hashed,
-            pooling root, idf and squared_hinge, a linear SVM on TF-IDF n-grams, the strongest on a few thousand
-            to tens of thousands of real texts; its table holds vocab_size x num_classes weights, and a run
-            is warned past 2^26), bag (the pooled token embeddings, dim wide, and a linear head: fastText, a
-            low-rank linear model), ngrams (the mean of BPE token and hashed token n-gram embeddings), cnn
-            (convolutions over neighbouring tokens and a max over positions: sees local word order such as
-            negation), or transformer (a small pre-norm encoder with mean pooling: sees the whole text's order,
-            slow to train from scratch).
-        pretrained: a local folder holding a Hugging Face encoder (config.json and weights, e.g. a
-            DistilBERT saved with save_pretrained) to fine-tune instead; the data is tokenized with the
-            folder's own tokenizer unless data.tokenizer names another. Nothing is downloaded.
-        dim: width of the embeddings and of the encoder (linear's is num_classes).
-        layers: convolution or transformer layers.
-        heads: attention heads of each transformer layer.
-        kernel: tokens each convolution spans (cnn).
-        pooling: how bag and linear pool their embeddings: mean, or root (their sum over the square root of
-            their count: the scale of a TF-IDF vector; with data.tokenizer hashed, the strongest on real texts).
-        idf: weigh the ids of bag or linear by their inverse document frequency in the training split, counted
-            in one pass over it when a fit starts and kept in the checkpoint: with root pooling, TF-IDF as the
-            baseline's.
-        nb: scale each id's weight in each class's column by its naive-Bayes log-count ratio for the class, counted
-            with idf's pass over the training split and kept in the checkpoint (encoder linear only): NBSVM, Wang
-            and Manning 2012. 0.8-3 points over the plain linear SVM on the tuning sets (benchmarks/README.md).
-        ngrams: the longest run of tokens embedded as one (ngrams; 1 is a bag of tokens).
-        buckets: rows the token runs are hashed into (ngrams): more means fewer runs share a row.
-        dropout: dropout in the encoder and before the head (linear has neither).
+        ngram_buckets: the n-grams' ids (linked from data.hash_buckets when data.ngram_ids is set; never by hand).
         optimizer: adamw, or sgd with Nesterov momentum.
         lr: peak learning rate (of the head).
-        encoder_lr_factor: the encoder's learning rate relative to the head's; by default 1, and 0.1 for
-            a pretrained encoder (fine-tuning moves its weights less than the new head's).
+        encoder_lr_factor: the encoder's learning rate relative to the head's; by default the encoder's own
+            (1, and 0.1 for a Pretrained one: fine-tuning moves its weights less than the new head's).
         momentum: SGD momentum.
         weight_decay: AdamW's (decoupled) weight decay of weights; norms, biases and embeddings get none.
             Ignored when l2_c is set.
@@ -80,34 +66,20 @@ class TextClassifier(Classifier):
         l2_c: an L2 penalty on every parameter (embeddings and biases included) with scikit-learn's C: the
             loss gets ||w||^2 / (2 * l2_c * N), N the training texts, so one value suits 2,000 texts and
             50,000. Smaller is stronger. It replaces weight_decay; Adam (not AdamW) then takes the steps.
-        ngram_branch: beside the encoder, an NBSVM on the hashed word and character n-grams the data adds
-            (data.ngram_ids): configs/text/nbsvm.yaml's model (root-pooled TF-IDF, naive-Bayes ratios, squared
-            hinge, L2 penalty), trained on its own loss in the same steps. The two models' class scores are each
-            standardised over the classes, per text, and added: the logits. They err on different texts, so the
-            sum beats both (benchmarks/README.md, "Text on real data"); configs/text/default.yaml.
-        ngram_buckets: the n-grams' ids (linked from data.hash_buckets when data.ngram_ids is set; never by hand).
-        ngram_lr: the n-gram branch's peak learning rate (Adam's steps; it has no weight decay but its penalty).
-        ngram_l2_c: the n-gram branch's L2 penalty, as scikit-learn's C (model.l2_c for the branch alone).
     """
 
     def __init__(
         self,
+        *,
+        encoder: EncoderFactory,
+        ngram_branch: BranchFactory | None = None,
         num_classes: int = 2,
         class_names: list[str] | None = None,
         vocab_size: int = 8000,
         pad_id: int = 0,
         max_tokens: int = 128,
         tokenizer_hash: str | None = None,
-        encoder: Literal["ngrams", "cnn", "transformer", "bag", "linear"] = "cnn",
-        pretrained: str | None = None,
-        dim: int = 128,
-        layers: int = 2,
-        heads: int = 4,
-        kernel: int = 3,
-        pooling: Literal["mean", "root"] = "mean",
-        ngrams: int = 2,
-        buckets: int = 1 << 17,
-        dropout: float = 0.1,
+        ngram_buckets: int = 0,
         optimizer: Literal["adamw", "sgd"] = "adamw",
         lr: float = 1e-3,
         encoder_lr_factor: float | None = None,
@@ -118,89 +90,38 @@ class TextClassifier(Classifier):
         label_smoothing: float = 0.0,
         loss: Literal["cross_entropy", "squared_hinge"] = "cross_entropy",
         l2_c: float | None = None,
-        idf: bool = False,
-        nb: bool = False,
-        ngram_branch: bool = False,
-        ngram_buckets: int = 0,
-        ngram_lr: float = 0.1,
-        ngram_l2_c: float = 1.0,
     ) -> None:
         super().__init__()
-        if l2_c is not None and not l2_c > 0:
-            raise UserError(f"model.l2_c must be positive (smaller is a stronger penalty), got {l2_c}")
-        check_branch(ngram_branch, ngram_buckets, ngram_lr, ngram_l2_c, l2_c, tokenizer_hash)
-        if loss == "squared_hinge" and label_smoothing:
-            raise UserError("model.label_smoothing applies to cross_entropy, not squared_hinge: set one of them")
-        if idf and pretrained is not None:
-            raise UserError(
-                "model.idf weighs the ids of bag or linear, not a pretrained encoder's: add --model.idf=false "
-                "--data.tokenizer=null (configs/text/nbsvm.yaml sets model.idf: true and data.tokenizer: hashed)"
-            )
-        if idf and encoder not in BAGS:
-            raise UserError(f"model.idf weighs the ids of bag or linear, not {encoder}'s: add --model.idf=false")
-        if nb and (encoder != "linear" or pretrained is not None):
-            what = "a pretrained encoder's" if pretrained is not None else f"{encoder}'s"
-            raise UserError(
-                f"model.nb scales the column of each class of encoder linear, not {what}: add --model.nb=false"
-            )
+        check_settings(loss, label_smoothing, l2_c, branch=ngram_branch is not None)
         self.save_hyperparameters()
-        linear = encoder == "linear" and pretrained is None  # a pretrained encoder keeps its own width and a head
-        if pretrained is not None:
-            if tokenizer_hash is not None and tokenizer_hash == HashedNGrams.fingerprint(vocab_size):
-                raise UserError(
-                    "model.pretrained reads its own tokenizer's ids, not hashed n-grams: add --data.tokenizer=null "
-                    "(configs/text/nbsvm.yaml sets data.tokenizer: hashed)"
-                )
-            self.encoder = PretrainedEncoder(pretrained)
-            if tokenizer_hash is not None:  # linked from the data (not a model built on its own)
-                self.encoder.check_tokenizer(tokenizer_hash, vocab_size)
-                self.encoder.check_length(max_tokens)
-        elif encoder == "ngrams":
-            self.encoder = NGramEncoder(vocab_size, dim, ngrams, buckets, pad_id)
-        elif encoder in BAGS:
-            width = num_classes if linear else dim
-            if linear and vocab_size * num_classes > LARGE_LINEAR:
-                copies = (
-                    "x5 with the gradient, Adam's moments and model.nb's ratios"
-                    if nb
-                    else "x4 with the gradient and Adam's moments"
-                )
-                rank_zero_warn(
-                    f"model.encoder linear holds {vocab_size:,} ids x {num_classes:,} classes = "
-                    f"{vocab_size * num_classes:,} weights ({copies}): "
-                    "fewer data.hash_buckets, or encoder bag (model.dim wide), would be smaller"
-                )
-            self.encoder = BagEncoder(vocab_size, width, pad_id, root=pooling == "root", idf=idf, nb=nb)
-        elif encoder == "cnn":
-            self.encoder = ConvEncoder(vocab_size, dim, layers, kernel, dropout, pad_id)
-        else:
-            self.encoder = TransformerEncoder(vocab_size, dim, layers, heads, dropout, max_tokens, pad_id)
-        if linear:  # the pooled embeddings are the class scores
-            self.head = Bias(num_classes)
-        else:
-            self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(self.encoder.dim, num_classes))
-        if ngram_branch:
-            self.ngrams = NGramBranch(ngram_buckets, num_classes)
+        # what checkpoints and loggers keep: the modules as a config names them, rebuilt by load_from_checkpoint
+        modules = {"encoder": described(encoder, "model.encoder")}
+        modules["ngram_branch"] = described(ngram_branch, "model.ngram_branch")
+        for hyperparameters in (self.hparams, self._hparams_initial):
+            hyperparameters.update(modules, _instantiator=hyperparameters.get("_instantiator", LOADER))
+        data = FromData(vocab_size, pad_id, max_tokens, num_classes, tokenizer_hash, ngram_buckets)
+        self.encoder = encoder(data=data)
+        self.head = self.encoder.make_head(num_classes)
+        self.ngrams = None if ngram_branch is None else ngram_branch(data=data)
         self.setup_metrics(num_classes)
         self.example_input_array = torch.full((2, 8), pad_id + 1 if pad_id == 0 else 0, dtype=torch.long)
-        if ngram_branch:
+        if self.branch:
             self.example_input_array = (self.example_input_array, torch.ones(2, 8, dtype=torch.long))
         self._penalty_scale = 0.0  # the n-gram branch's 1 / (2 C N), set when a fit starts
         self._batch_logged = False
 
     def setup(self, stage: str) -> None:
-        """Before a fit with model.idf or model.nb: the ids' document frequencies (per class for nb), from the data
-        module's training split, in one pass."""
-        nb = self.hparams.get("nb", False)
-        if stage != "fit" or not (self.hparams.idf or nb or self.branch):
-            return
-        if not hasattr(self.trainer.datamodule, "document_frequencies"):
-            raise UserError("model.idf, nb and ngram_branch count ids in the training split: fit with TextShards")
-        if self.hparams.idf or nb:
-            set_counts(self, self.encoder, by_class=nb, idf=self.hparams.idf, size=self.hparams.vocab_size)
+        """Before a fit with an encoder that weighs ids by their counts (idf, nb) or an n-gram branch: the ids'
+        document frequencies (per class for nb), from the data module's training split, in one pass."""
+        bags = [(self.encoder, self.hparams.vocab_size, False)] if getattr(self.encoder, "counted", False) else []
         if self.branch:
-            set_counts(self, self.ngrams.encoder, by_class=True, idf=True, size=self.hparams.ngram_buckets, ngrams=True)
-            self._penalty_scale = 1.0 / (2 * self.hparams.ngram_l2_c * training_samples(self.trainer))
+            bags.append((self.ngrams.encoder, self.hparams.ngram_buckets, True))
+        if stage != "fit" or not bags:
+            return
+        for bag, size, ngrams in bags:
+            set_counts(self, bag, size=size, ngrams=ngrams)
+        if self.branch:
+            self._penalty_scale = 1.0 / (2 * self.ngrams.l2_c * training_samples(self.trainer))
 
     def forward(self, tokens: torch.Tensor, ngrams: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for a batch of token ids [B, L], padded with `pad_id`; with model.ngram_branch, also of its
@@ -209,8 +130,8 @@ class TextClassifier(Classifier):
 
     @property
     def branch(self) -> bool:
-        """Whether the model has an n-gram branch (model.ngram_branch; checkpoints from before it have none)."""
-        return self.hparams.get("ngram_branch", False)
+        """Whether the model has an n-gram branch (model.ngram_branch)."""
+        return self.ngrams is not None
 
     def with_ngrams(self, logits: torch.Tensor, ngrams: torch.Tensor | None) -> torch.Tensor:
         """The encoder's logits, or with an n-gram branch, they and its scores standardised and added."""
@@ -266,13 +187,22 @@ class TextClassifier(Classifier):
         """Head and encoder, each split into decayed weights and undecayed norms, biases and embeddings."""
         factor = self.hparams.encoder_lr_factor
         if factor is None:
-            factor = 0.1 if self.hparams.pretrained is not None else 1.0
+            factor = self.encoder.lr_factor
         lr, decay = self.hparams.lr, self.hparams.weight_decay
         groups = decay_groups("head", self.head, lr, decay) + decay_groups("encoder", self.encoder, lr * factor, decay)
         if self.branch:  # penalised in its loss, not decayed: Adam's steps
             branch = list(self.ngrams.parameters())
-            groups.append({"name": "ngrams", "params": branch, "lr": self.hparams.ngram_lr, "weight_decay": 0.0})
+            groups.append({"name": "ngrams", "params": branch, "lr": self.ngrams.lr, "weight_decay": 0.0})
         return groups
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's, once the checkpoint (a stranger's, perhaps) is seen to name only the project's task classes:
+        its encoder is rebuilt from the class_path it records."""
+        if isinstance(checkpoint_path, str | os.PathLike):
+            hyperparameters = load_checkpoint_file(checkpoint_path, "checkpoint").get("hyper_parameters")
+            check_classes(hyperparameters, f"the checkpoint {checkpoint_path}")
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint trained with another tokenizer than the data's (its ids would mean other words), or
@@ -286,3 +216,13 @@ class TextClassifier(Classifier):
                 f"the data's ({ours[:12]}…): use the tokenizer.json it was trained with"
             )
         super().on_load_checkpoint(checkpoint)  # and tensors of this model's shapes
+
+
+def check_settings(loss: str, label_smoothing: float, l2_c: float | None, branch: bool) -> None:
+    """The classifier's own settings, checked before anything is built (each encoder checks its own)."""
+    if l2_c is not None and not l2_c > 0:
+        raise UserError(f"model.l2_c must be positive (smaller is a stronger penalty), got {l2_c}")
+    if l2_c is not None and branch:
+        raise UserError("model.l2_c penalises a linear model; with model.ngram_branch set its l2_c instead")
+    if loss == "squared_hinge" and label_smoothing:
+        raise UserError("model.label_smoothing applies to cross_entropy, not squared_hinge: set one of them")

@@ -15,7 +15,8 @@ from torch import nn
 
 from project.callbacks.checkpoint_pickle import pickle_problem
 from project.errors import UserError, is_interrupt
-from project.tasks.text.encoders import masked_mean
+from project.tasks.text.base import FromData, TextEncoder, masked_mean
+from project.tasks.text.hashed import HashedNGrams
 from project.tasks.weights import check_finite
 
 INSTALL = "pip install -e '.[text]'"
@@ -60,30 +61,55 @@ def check_pickles(folder: str | Path) -> None:
         except (OSError, zipfile.BadZipFile):  # transformers says what is wrong with it, if it reads it
             continue
         if problem:
-            raise UserError(f"model.pretrained: {path}: refused: {problem} (a bomb, or a damaged file)")
+            raise UserError(f"model.encoder.folder: {path}: refused: {problem} (a bomb, or a damaged file)")
 
 
-class PretrainedEncoder(nn.Module):
-    """A Hugging Face encoder from a local folder (transformers' AutoModel; never downloads)."""
+def load_model(folder: str) -> nn.Module:
+    """The folder's AutoModel, in training mode, its weights checked (none NaN, no pickle bomb)."""
+    try:
+        from transformers import AutoModel
+    except ImportError:
+        raise UserError(f"model.encoder.folder needs transformers: {INSTALL}") from None
+    check_pickles(folder)
+    try:  # a folder from a stranger: its weights load as tensors only, and code it names is never run
+        model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot use
+        raise UserError(
+            f"model.encoder.folder: no usable Hugging Face model in {folder} ({_first_line(error)})"
+        ) from None
+    parameters = dict(model.named_parameters())
+    check_finite([*parameters.items(), *model.named_buffers()], parameters, f"model.encoder.folder {folder}: ")
+    return model.train()  # from_pretrained returns it in eval mode, which Lightning keeps: no dropout in training
 
-    def __init__(self, folder: str) -> None:
+
+class Pretrained(TextEncoder):
+    """A Hugging Face encoder from a local folder (transformers' AutoModel; never downloads), fine-tuned, with the
+    masked mean of its last layer as the features. It learns at 0.1 x the head's rate unless
+    model.encoder_lr_factor says otherwise: fine-tuning moves its weights less than the new head's.
+
+    Args:
+        data: what the data module says (given by the classifier): the data must be tokenized with the folder's
+            own tokenizer, in texts no longer than its positions.
+        folder: a local folder holding a Hugging Face encoder (config.json and weights, e.g. a DistilBERT saved
+            with save_pretrained); the data is tokenized with the folder's own tokenizer unless data.tokenizer
+            names another. Nothing is downloaded.
+        dropout: dropout before the new head.
+    """
+
+    lr_factor = 0.1
+
+    def __init__(self, *, data: FromData, folder: str, dropout: float = 0.1) -> None:
         super().__init__()
-        try:
-            from transformers import AutoModel
-        except ImportError:
-            raise UserError(f"model.pretrained needs transformers: {INSTALL}") from None
-        check_pickles(folder)
-        try:  # a folder from a stranger: its weights load as tensors only, and code it names is never run
-            self.model = AutoModel.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot use
+        if data.tokenizer_hash is not None and data.tokenizer_hash == HashedNGrams.fingerprint(data.vocab_size):
             raise UserError(
-                f"model.pretrained: no usable Hugging Face model in {folder} ({_first_line(error)})"
-            ) from None
-        parameters = dict(self.model.named_parameters())
-        check_finite([*parameters.items(), *self.model.named_buffers()], parameters, f"model.pretrained {folder}: ")
-        self.model.train()  # from_pretrained returns it in eval mode, which Lightning keeps: no dropout in training
-        self.dim = self.model.config.hidden_size
-        self.folder = folder
+                "a Pretrained encoder reads its own tokenizer's ids, not hashed n-grams: add --data.tokenizer=null "
+                "(configs/text/nbsvm.yaml sets data.tokenizer: hashed)"
+            )
+        self.model = load_model(folder)
+        self.dim, self.head_dropout, self.folder = self.model.config.hidden_size, dropout, folder
+        if data.tokenizer_hash is not None:  # linked from the data (not a model built on its own)
+            self.check_tokenizer(data.tokenizer_hash, data.vocab_size)
+            self.check_length(data.max_tokens)
 
     def own_tokenizer_hashes(self) -> set[str]:
         """The hashes the data's tokenizer may have to be this model's own: of its folder's tokenizer.json
@@ -103,10 +129,10 @@ class PretrainedEncoder(nn.Module):
         own = self.own_tokenizer_hashes()
         hint = "leave data.tokenizer unset to use the model's own" if own else "set data.tokenizer to the model's"
         if own and data_hash not in own:
-            raise UserError(f"the data is tokenized with another tokenizer than model.pretrained's: {hint}")
+            raise UserError(f"the data is tokenized with another tokenizer than the Pretrained encoder's: {hint}")
         if data_vocab > self.model.config.vocab_size:
             raise UserError(
-                f"the data's tokenizer has {data_vocab} tokens, model.pretrained's embeddings "
+                f"the data's tokenizer has {data_vocab} tokens, the Pretrained encoder's embeddings "
                 f"{self.model.config.vocab_size}: {hint}"
             )
 
@@ -118,7 +144,7 @@ class PretrainedEncoder(nn.Module):
             positions -= offset + 1  # RoBERTa's position ids start after its padding id: 514 rows hold 512 tokens
         if isinstance(positions, int) and max_tokens > positions:
             raise UserError(
-                f"data.max_tokens is {max_tokens}, but model.pretrained has {positions} positions: "
+                f"data.max_tokens is {max_tokens}, but the Pretrained encoder has {positions} positions: "
                 f"set --data.max_tokens {positions} or less"
             )
 

@@ -2,11 +2,11 @@
 
     python -m project.tasks.text.tokenizer DIR [--vocab_size 8000] [--max_chars N] [--seed S]
 
-(`python -m project.data.tokenizer`, and `shards-tokenizer`, are the same command.)
+(`shards-tokenizer` is the same command.)
 
 DIR: a prepared dataset (DIR/train/shardindex.json), its train/ folder, or the training shard index. Only the
 training split is read (never val or test, so no evaluation text leaks into the vocabulary), only its `.txt`
-members, in a seeded order of shards, until --max-chars characters are read. The tokenizer is written to
+members, in a seeded order of shards, until --max_chars characters are read. The tokenizer is written to
 DIR/train/tokenizer.json and its sha256 is recorded in the training index (`"tokenizer"`), so a model can
 check that it tokenizes with the tokenizer its data was meant for (`check_tokenizer`).
 """
