@@ -111,13 +111,16 @@ def allocation_failure(error: BaseException) -> str | None:
 
 
 def largest_settings(config: Any) -> str:
-    """The model's and data's three largest size settings, for an error that says they ask too much."""
-    sizes = [
-        (value, f"{section}.{name}={value}")
-        for section in ("model", "data")
-        for name, value in vars(getattr(config.get(section), "init_args", None) or SimpleNamespace()).items()
-        if isinstance(value, int) and not isinstance(value, bool)
-    ]
+    """The model's and data's three largest size settings (their parts' too: `model.backbone.width`), for an
+    error that says they ask too much."""
+    sizes, parts = [], [(section, config.get(section)) for section in ("model", "data")]
+    while parts:
+        prefix, part = parts.pop()
+        for name, value in vars(getattr(part, "init_args", None) or SimpleNamespace()).items():
+            if hasattr(value, "init_args"):  # a part given by class_path, with its own settings
+                parts.append((f"{prefix}.{name}", value))
+            elif isinstance(value, int) and not isinstance(value, bool):
+                sizes.append((value, f"{prefix}.{name}={value}"))
     return "check the largest size settings: " + ", ".join(text for _, text in sorted(sizes, reverse=True)[:3])
 
 

@@ -1,4 +1,11 @@
-"""Freeze a pretrained backbone, and optionally unfreeze it at a given epoch."""
+"""Freeze a pretrained backbone, and optionally unfreeze it at a given epoch: a callback in the config, beside the
+model whose `backbone` it freezes (configs/model/linear_probe.yaml, mobilenet_v3_finetune.yaml):
+
+    trainer:
+      callbacks+:
+        - class_path: project.callbacks.finetune.BackboneFreeze
+          init_args: {unfreeze_at_epoch: 1, train_bn: true}
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,8 @@ class BackboneFreeze(BackboneFinetuning):
     that group's learning rate once per epoch; our per-step schedule would not know that group, so here
     the model's optimizer already holds every group (the backbone's at `lr * backbone_lr_factor`: the
     discriminative learning rate) and unfreezing only turns the backbone's gradients back on.
-    Freezing, the BatchNorm policy and checkpoint state are BackboneFinetuning's own.
+    Freezing, the BatchNorm policy and checkpoint state are BackboneFinetuning's own. The model is any
+    LightningModule with a `backbone` module (ImageClassifier's: the features before its head).
 
     Args:
         unfreeze_at_epoch: first epoch that trains the backbone; None keeps it frozen for the whole run.
@@ -25,7 +33,7 @@ class BackboneFreeze(BackboneFinetuning):
             is frozen; False freezes them too, in evaluation mode.
     """
 
-    def __init__(self, unfreeze_at_epoch: int | None = None, train_bn: bool = True) -> None:
+    def __init__(self, *, unfreeze_at_epoch: int | None = None, train_bn: bool = True) -> None:
         super().__init__(unfreeze_backbone_at_epoch=unfreeze_at_epoch or 0, train_bn=train_bn)
         self.unfreeze_at_epoch = unfreeze_at_epoch
 
@@ -33,9 +41,9 @@ class BackboneFreeze(BackboneFinetuning):
         if stage == "fit" and self.unfreeze_at_epoch is not None and trainer.world_size > 1:
             # DDP reduces only the parameters that needed gradients when it wrapped the model
             raise UserError(
-                "--model.unfreeze_at_epoch works on one device only: under DDP the backbone's gradients would "
-                "never be synchronized after unfreezing. Train the frozen phase, then fine-tune in a second run "
-                "with --model.weights <its checkpoint>, or use --model.backbone_lr_factor alone"
+                "BackboneFreeze's unfreeze_at_epoch works on one device only: under DDP the backbone's gradients "
+                "would never be synchronized after unfreezing. Train the frozen phase, then fine-tune in a second "
+                "run with --model.backbone.weights <its checkpoint>, or use --model.backbone_lr_factor alone"
             )
         super().setup(trainer, pl_module, stage)
 

@@ -24,9 +24,10 @@ def flat_hparams(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, 
         for key, value in hparams.items():
             if key in ("class_names", "classes") or key.startswith("_"):  # long lists; the CLI's own keys
                 continue
-            if value is None or isinstance(value, (list, tuple, dict)):
-                value = str(value)
-            flat[f"{prefix}.{key}"] = value
+            if isinstance(value, dict) and isinstance(value.get("class_path"), str):  # a part given by class_path
+                flat.update(part_hparams(f"{prefix}.{key}", value))
+                continue
+            flat[f"{prefix}.{key}"] = loggable(value)
     flat.update(
         {
             "trainer.precision": str(trainer.precision),
@@ -35,6 +36,20 @@ def flat_hparams(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, 
         }
     )
     return flat
+
+
+def part_hparams(name: str, spec: dict) -> dict[str, Any]:
+    """A part of the model given by class_path (`model.backbone`): its class's name, and each of its settings."""
+    flat = {name: spec["class_path"].rpartition(".")[2]}
+    init_args = spec.get("init_args")
+    for key, value in (init_args if isinstance(init_args, dict) else {}).items():
+        flat[f"{name}.{key}"] = loggable(value)
+    return flat
+
+
+def loggable(value: Any) -> Any:
+    """A scalar or string as it is, anything else as its text."""
+    return str(value) if value is None or isinstance(value, (list, tuple, dict)) else value
 
 
 def monitored(trainer: L.Trainer) -> str | None:

@@ -29,7 +29,7 @@ class ModelPruning(callbacks.ModelPruning):
             use_lottery_ticket_hypothesis, make_pruning_permanent, verbose, ...).
     """
 
-    def __init__(self, pruning_fn: str = "l1_unstructured", **kwargs: Any) -> None:
+    def __init__(self, *, pruning_fn: str = "l1_unstructured", **kwargs: Any) -> None:
         super().__init__(pruning_fn, **kwargs)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

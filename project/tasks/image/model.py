@@ -1,18 +1,20 @@
-"""ImageClassifier: normalizes uint8 batches on the device, runs a backbone and a head, logs torchmetrics."""
+"""ImageClassifier: normalizes uint8 batches on the device, runs a backbone's features and head, logs torchmetrics."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import Callback
 from torchvision.transforms import v2
 
+from project.callbacks.checkpoint_io import load_checkpoint_file
 from project.callbacks.media import log_image, media_loggers
 from project.tasks.classifier import Classifier, decay_groups, lr_factor
-from project.tasks.image.backbones import build_backbone
+from project.tasks.image.backbones import BackboneClass, SmallCNN
 from project.tasks.image.batch import ImageBatch
 from project.tasks.image.pictures import batch_grid
+from project.tasks.text.factories import LOADER, check_classes, described
 
 __all__ = ["ImageClassifier", "lr_factor"]
 
@@ -21,21 +23,17 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class ImageClassifier(Classifier):
-    """An image classifier: a backbone (features) and a linear head, trained with cross-entropy.
+    """An image classifier: a backbone (features and a linear head, `backbones.py`), trained with cross-entropy.
 
     Args:
         num_classes: number of classes (linked from the data's shard index; never set it by hand).
         class_names: names of the classes (linked from the data), kept in checkpoints for reports.
-        image_size: input size (linked from the data); vision transformers trained from scratch use it.
-        backbone: "small_cnn" or any torchvision classification model: resnet18, resnet50,
-            mobilenet_v3_small, mobilenet_v3_large, efficientnet_b0, convnext_tiny, vit_b_16, ...
-        weights: pretrained weights: a torchvision weight name ("DEFAULT", "IMAGENET1K_V1"), downloaded
-            once into torch's hub cache, or the path of a local weights file; None trains from scratch.
-        width: channel width of the small CNN's first stage.
-        freeze_backbone: train only the head (the backbone's BatchNorm layers follow train_bn).
-        unfreeze_at_epoch: freeze the backbone until this epoch, then train it too (one device only).
+        image_size: input size (linked from the data), given to the backbone.
+        backbone: the backbone's class and its own settings, as `class_path` and `init_args`:
+            project.tasks.image.backbones.SmallCNN (width), TorchvisionBackbone (name, weights), TimmBackbone
+            (name, weights), or your own `Backbone`. The classifier calls it with num_classes and image_size.
         backbone_lr_factor: the backbone's learning rate relative to the head's (discriminative rates).
-        train_bn: keep training BatchNorm layers of a frozen backbone.
+            Freezing is a callback: project.callbacks.finetune.BackboneFreeze.
         optimizer: adamw, or sgd with Nesterov momentum.
         lr: peak learning rate (of the head).
         momentum: SGD momentum.
@@ -56,16 +54,12 @@ class ImageClassifier(Classifier):
 
     def __init__(
         self,
+        *,
         num_classes: int = 10,
         class_names: list[str] | None = None,
         image_size: int = 224,
-        backbone: str = "small_cnn",
-        weights: str | None = None,
-        width: int = 32,
-        freeze_backbone: bool = False,
-        unfreeze_at_epoch: int | None = None,
+        backbone: BackboneClass = SmallCNN,
         backbone_lr_factor: float = 1.0,
-        train_bn: bool = True,
         optimizer: Literal["adamw", "sgd"] = "adamw",
         lr: float = 3e-3,
         momentum: float = 0.9,
@@ -82,7 +76,15 @@ class ImageClassifier(Classifier):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.backbone, self.head = build_backbone(backbone, num_classes, width, weights, image_size)
+        # what checkpoints and loggers keep: the backbone as a config names it (plain data, which a checkpoint's
+        # weights-only load reads), rebuilt by load_from_checkpoint
+        described_backbone = described(backbone, "model.backbone")
+        for hyperparameters in (self.hparams, self._hparams_initial):
+            hyperparameters.update(
+                backbone=described_backbone, _instantiator=hyperparameters.get("_instantiator", LOADER)
+            )
+        built = backbone(num_classes=num_classes, image_size=image_size)
+        self.backbone, self.head = built.features, built.head
         # uint8 images cross to the device; scaling and normalizing there is one fused, cheap op
         std_tensor, mean_tensor = torch.tensor(std).view(1, -1, 1, 1), torch.tensor(mean).view(1, -1, 1, 1)
         self.register_buffer("scale", 1 / (255 * std_tensor), persistent=False)
@@ -119,13 +121,6 @@ class ImageClassifier(Classifier):
         if self.hparams.compile:
             self.backbone.compile()  # in place: state_dict keys stay those of the plain module
 
-    def configure_callbacks(self) -> list[Callback]:
-        if self.hparams.freeze_backbone or self.hparams.unfreeze_at_epoch is not None:
-            from project.callbacks.finetune import BackboneFreeze
-
-            return [BackboneFreeze(self.hparams.unfreeze_at_epoch, train_bn=self.hparams.train_bn)]
-        return []
-
     # -- steps ---------------------------------------------------------------------------------------
 
     def inputs_and_targets(self, batch: ImageBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,6 +147,15 @@ class ImageClassifier(Classifier):
         if not self._batch_logged and (loggers := media_loggers(self)):
             log_image(loggers, "train/first_batch", batch_grid(batch.image), self.global_step)
         self._batch_logged = True
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's, once the checkpoint (a stranger's, perhaps) is seen to name only the project's task classes:
+        its backbone is rebuilt from the class_path it records."""
+        if isinstance(checkpoint_path, str | os.PathLike):
+            hyperparameters = load_checkpoint_file(checkpoint_path, "checkpoint").get("hyper_parameters")
+            check_classes(hyperparameters, f"the checkpoint {checkpoint_path}")
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Head and backbone, each split into decayed weights and undecayed norms, biases and embeddings."""
