@@ -7,7 +7,7 @@ validation), with `ThreadPolicy` choosing, and with OMP_NUM_THREADS fixing 1, 2 
 Scenarios (each the default config plus):
 - default: as `python -m project.train` runs (2 workers; compute-bound on a small machine);
 - one-worker: `--data.num_workers=1`, so there are more cores than workers;
-- input-bound: `--data.augment=strong --model.init_args.width=4`: per-sample TrivialAugment and a tiny model;
+- input-bound: `--data.augment=strong --model.backbone.width=4`: per-sample TrivialAugment and a tiny model;
 - decode-threads, input-bound-threads: default and input-bound with no worker process and two decode threads in
   the training process (`--data.num_workers=0 --data.decode_threads=2`).
 
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 THREADED = ["--data.num_workers=0", "--data.decode_threads=2"]
-INPUT_BOUND = ["--data.augment=strong", "--model.init_args.width=4"]
+INPUT_BOUND = ["--data.augment=strong", "--model.backbone.width=4"]
 SCENARIOS = {
     "default": [],
     "one-worker": ["--data.num_workers=1"],
@@ -52,11 +52,8 @@ RUN = [
 
 
 def one_run(args: list[str]) -> None:
-    """In a fresh process: fit one epoch and print its steps/s and the threads training ended with."""
-    from project.data.workers import start_forkserver_for
-    from project.tasks import WORKER_MODULES
-
-    start_forkserver_for(args, WORKER_MODULES)
+    """In a fresh process: fit one epoch and print its steps/s and the threads training ended with (the data
+    module starts the workers' forkserver when its configuration asks for workers, as in project.train)."""
     import lightning as L
     import torch
     from peer_loaders import Processes
