@@ -4,6 +4,7 @@ to what predict returns."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 
@@ -108,8 +109,10 @@ def test_a_classifiers_predictions_are_divided_by_its_temperature_and_it_survive
 
     from project.tasks.text import TextClassifier
     from project.tasks.text.batch import TextBatch
+    from project.tasks.text.encoders import Linear
 
-    model = TextClassifier(num_classes=3, vocab_size=20, encoder="linear", pooling="root").eval()
+    linear = functools.partial(Linear, pooling="root")
+    model = TextClassifier(num_classes=3, vocab_size=20, encoder=linear).eval()
     tokens = torch.randint(1, 20, (4, 6))
     labels, lengths = torch.zeros(4, dtype=torch.long), torch.full((4,), 6)
     batch = TextBatch(keys=list("abcd"), urls=[""] * 4, tokens=tokens, lengths=lengths, label=labels)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
+from project.tasks.image.backbones import SmallCNN
 from project.tasks.image.model import ImageClassifier, lr_factor
+
+SMALL = functools.partial(SmallCNN, width=4)  # the demo's CNN, narrower
 
 
 def test_uint8_batches_are_normalized_like_float_ones():
-    model = ImageClassifier(num_classes=3, width=4).eval()
+    model = ImageClassifier(num_classes=3, backbone=SMALL).eval()
     images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
     mean, std = (
         torch.tensor(model.hparams.mean).view(1, 3, 1, 1),
@@ -44,7 +49,7 @@ def test_each_batch_of_a_step_draws_its_own_randomness_and_the_same_batch_draws_
     with gradient accumulation the batches of one optimizer step differ; a resumed run repeats the draws."""
     import lightning as L
 
-    model = ImageClassifier(num_classes=3, width=4)
+    model = ImageClassifier(num_classes=3, backbone=SMALL)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_checkpointing=False)
     model.trainer = trainer
     progress = trainer.fit_loop.epoch_loop.batch_progress.total
@@ -66,11 +71,13 @@ def test_adamw_is_fused_on_a_cpu_and_not_under_fp16_s_gradient_scaler():
 
     from project.tasks.classifier import fused_adam
 
-    groups = [{"params": list(ImageClassifier(num_classes=3, width=4).parameters())}]
+    groups = [{"params": list(ImageClassifier(num_classes=3, backbone=SMALL).parameters())}]
     assert fused_adam(groups, None) is True and fused_adam(groups, SimpleNamespace(precision="bf16-mixed")) is True
     assert fused_adam(groups, SimpleNamespace(precision="16-mixed")) is None  # it could not unscale before clipping
     assert fused_adam([{"params": [torch.zeros(2, device="meta", requires_grad=True)]}], None) is None
-    optimizer = ImageClassifier(num_classes=3, width=4, schedule="constant", warmup_fraction=0).configure_optimizers()
+    optimizer = ImageClassifier(
+        num_classes=3, backbone=SMALL, schedule="constant", warmup_fraction=0
+    ).configure_optimizers()
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.param_groups[0]["fused"] is True
 
 
@@ -109,21 +116,23 @@ def test_l2_c_puts_a_penalty_scaled_by_the_training_split_on_every_parameter_and
 
     from project.errors import UserError
     from project.tasks.text import TextClassifier
+    from project.tasks.text.encoders import Bag
 
+    bag = functools.partial(Bag, dim=8)
     shards = {"train": [SimpleNamespace(nsamples=300), SimpleNamespace(nsamples=100)]}
     trainer = SimpleNamespace(datamodule=SimpleNamespace(shards=shards.get), precision="32-true")
-    model = TextClassifier(encoder="bag", vocab_size=50, dim=8, schedule="constant", warmup_fraction=0, l2_c=2.0)
+    model = TextClassifier(encoder=bag, vocab_size=50, schedule="constant", warmup_fraction=0, l2_c=2.0)
     model._trainer = trainer
     optimizer = model.configure_optimizers()
     assert type(optimizer) is torch.optim.Adam  # coupled decay: AdamW's decoupled one minimises another loss
     assert {group["weight_decay"] for group in optimizer.param_groups} == {1 / (2.0 * 400)}
     assert sum(len(group["params"]) for group in optimizer.param_groups) == len(list(model.parameters()))
-    plain = TextClassifier(encoder="bag", vocab_size=50, dim=8, schedule="constant", warmup_fraction=0)
+    plain = TextClassifier(encoder=bag, vocab_size=50, schedule="constant", warmup_fraction=0)
     assert type(plain.configure_optimizers()) is torch.optim.AdamW  # without l2_c, as before
     model._trainer = SimpleNamespace(datamodule=None, precision="32-true")
     with pytest.raises(UserError, match="training split's size"):
         model.configure_optimizers()
     with pytest.raises(UserError, match="l2_c must be positive"):
-        TextClassifier(encoder="bag", vocab_size=50, dim=8, l2_c=0)
+        TextClassifier(encoder=bag, vocab_size=50, l2_c=0)
     with pytest.raises(UserError, match="label_smoothing"):
-        TextClassifier(encoder="bag", vocab_size=50, dim=8, loss="squared_hinge", label_smoothing=0.1)
+        TextClassifier(encoder=bag, vocab_size=50, loss="squared_hinge", label_smoothing=0.1)

@@ -58,7 +58,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--data.image_size=16",
         "--data.batch_size=32",
         "--data.num_workers=0",
-        "--model.width=8",
+        "--model.backbone.width=8",
         "--trainer.max_epochs=2",
         "--trainer.num_sanity_val_steps=0",
         "--trainer.enable_progress_bar=false",

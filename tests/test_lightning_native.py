@@ -5,6 +5,7 @@ hyperparameters, the `hp/` results and the pictures TensorBoard gets."""
 from __future__ import annotations
 
 import csv
+import functools
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,8 @@ def test_csv_and_mlflow_loggers_get_hyperparameters_results_and_pictures(tiny_de
         columns = set(next(csv.reader(stream)))
     assert {"train/loss", "val/acc", "hp/best_val_acc", "hp/test_acc", "hp/val_loss"} <= columns
     hparams = yaml.safe_load((run / "hparams.yaml").read_text())
-    assert hparams["model.backbone"] == "small_cnn" and hparams["data.image_size"] == 16
+    assert hparams["model.backbone"] == "SmallCNN" and hparams["model.backbone.width"] == 16
+    assert hparams["data.image_size"] == 16
     assert {p.name for p in (run / "media").iterdir()} == {
         "train_first_batch-step000000.png",
         "test_confusion_matrix-step000000.png",
@@ -160,7 +162,7 @@ def test_csv_and_mlflow_loggers_get_hyperparameters_results_and_pictures(tiny_de
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'logs' / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("demo").experiment_id])
-    assert run.data.params["model.backbone"] == "small_cnn"
+    assert run.data.params["model.backbone"] == "SmallCNN"
     assert {"hp/best_val_acc", "hp/test_acc", "val/acc"} <= set(run.data.metrics)
     assert {a.path for a in client.list_artifacts(run.info.run_id, "media")} == {
         "media/train_first_batch-step000000.png",
@@ -203,8 +205,9 @@ def test_an_augmentation_pipeline_from_the_config_runs_on_the_fast_path_where_it
         ]
     )
     data = cli.datamodule
-    assert data.crop_flip is not None and data.crop_flip.scale == (0.5, 1.0) and data.crop_flip.flip == 0.5
-    assert [type(step).__name__ for step in data.train_rest.transforms] == ["ColorJitter"]
+    crop_flip, rest = data.task.crop_flip, data.task.train_rest
+    assert crop_flip is not None and crop_flip.scale == (0.5, 1.0) and crop_flip.flip == 0.5
+    assert [type(step).__name__ for step in rest.transforms] == ["ColorJitter"]
     assert data.augmentation() == (
         "RandomResizedCrop, RandomHorizontalFlip (batched, crops.py), then ColorJitter (torchvision v2, per sample)"
     )
@@ -218,7 +221,7 @@ def test_an_augmentation_pipeline_from_the_config_runs_on_the_fast_path_where_it
         augment=v2.Compose([v2.ColorJitter(0.2), v2.Resize(16), v2.CenterCrop(16)]),
     )
     assert (
-        other.crop_flip is None
+        other.task.crop_flip is None
         and other.augmentation() == "ColorJitter, Resize, CenterCrop (torchvision v2, per sample)"
     )
 
@@ -226,14 +229,18 @@ def test_an_augmentation_pipeline_from_the_config_runs_on_the_fast_path_where_it
 def test_timm_backbones_build_offline_and_take_a_local_weights_file(tmp_path):
     timm = pytest.importorskip("timm")
     from project.errors import UserError
+    from project.tasks.image.backbones import TimmBackbone
     from project.tasks.image.model import ImageClassifier
 
-    model = ImageClassifier(num_classes=3, backbone="timm:resnet18", image_size=32)
+    model = ImageClassifier(num_classes=3, backbone=functools.partial(TimmBackbone, name="resnet18"), image_size=32)
     assert model(torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).shape == (2, 3)
     published = timm.create_model("convnext_atto", num_classes=3)  # a timm checkpoint, saved as its users do
     torch.save(published.state_dict(), tmp_path / "convnext.pth")
-    loaded = ImageClassifier(num_classes=3, backbone="timm:convnext_atto", weights=str(tmp_path / "convnext.pth"))
+    weights = str(tmp_path / "convnext.pth")
+    loaded = ImageClassifier(
+        num_classes=3, backbone=functools.partial(TimmBackbone, name="convnext_atto", weights=weights)
+    )
     assert torch.equal(loaded.head.weight, published.head.fc.weight)
     assert torch.equal(loaded.backbone.stem[0].weight, published.stem[0].weight)
     with pytest.raises(UserError, match="timm has no such model"):
-        ImageClassifier(num_classes=3, backbone="timm:no_such_net")
+        ImageClassifier(num_classes=3, backbone=functools.partial(TimmBackbone, name="no_such_net"))

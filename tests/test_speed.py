@@ -3,6 +3,7 @@ decoding and decoding on the device; the profiling config and the speed callback
 
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -13,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torchvision.transforms import v2
 
 from project.callbacks.throughput import SpeedMonitor
+from project.tasks.image.backbones import SmallCNN
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch
 from project.tasks.image.data import ImageShards
 from project.tasks.image.decode import decode_image
@@ -22,6 +24,8 @@ from project.tasks.image.model import ImageClassifier
 from project.tasks.image.transforms import build_transform, pixels, to_uint8_tensor, transform_all
 
 from .conftest import REPO, run_here, write_shards
+
+SMALL = functools.partial(SmallCNN, width=4)  # the demo's CNN, narrower
 
 
 def demo_jpeg(size: int, seed: int) -> bytes:
@@ -36,7 +40,7 @@ def mean_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_uint8_batches_normalize_on_the_device_to_the_float_pipelines_tensors():
     """What a float pipeline would send (ToDtype(float32, scale) then Normalize) equals what the model makes
     of the uint8 batch the loader sends."""
-    model = ImageClassifier(num_classes=3, width=4).eval()
+    model = ImageClassifier(num_classes=3, backbone=SMALL).eval()
     images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     float_pipeline = v2.Compose(
         [v2.ToDtype(torch.float32, scale=True), v2.Normalize(model.hparams.mean, model.hparams.std)]
@@ -154,7 +158,7 @@ def test_speed_monitor_logs_throughput_data_wait_and_memory_and_judges_the_run(t
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(ImageClassifier(num_classes=3, width=4, image_size=8), datamodule=data)
+    trainer.fit(ImageClassifier(num_classes=3, backbone=SMALL, image_size=8), datamodule=data)
     events = EventAccumulator(logger.log_dir)
     events.Reload()
     scalars = {tag: [event.value for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}

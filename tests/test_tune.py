@@ -49,19 +49,40 @@ def test_the_default_search_space_draws_values_of_the_right_kinds():
             {
                 "model.lr": 0.001,
                 "model.weight_decay": 0.01,
-                "model.width": 16,
+                "model.backbone.init_args.width": 16,
                 "model.label_smoothing": 0.1,
                 "data.batch_size": 64,
             }
         ),
         search["params"],
     )
-    assert values["model.width"] == 16 and values["data.batch_size"] == 64
+    assert values["model.backbone.init_args.width"] == 16 and values["data.batch_size"] == 64
     assert as_flags({"model.lr": 0.001, "data.augment": "light", "data.classes": None}) == [
         "--model.lr=0.001",
         "--data.augment=light",
         "--data.classes=null",
     ]
+
+
+def test_the_default_search_space_names_settings_of_the_default_model_and_a_backbone_is_searched_by_name():
+    """Each key of configs/tune/default.yaml is a setting of configs/default.yaml's model and data (the small CNN's
+    width is its backbone's own: `model.backbone.init_args.width`); with a TorchvisionBackbone, a search picks the
+    model by `name`, and a trial's flag for it parses."""
+    from project.cli import ConfigOnlyCLI
+    from project.tune.space import has_key
+
+    config = ConfigOnlyCLI(args=[]).config
+    assert [
+        key for key in load_search(REPO / "configs" / "tune" / "default.yaml")["params"] if not has_key(config, key)
+    ] == []
+    torchvision = [
+        "--model.backbone=project.tasks.image.backbones.TorchvisionBackbone",
+        "--model.backbone.name=resnet18",
+    ]
+    config = ConfigOnlyCLI(args=torchvision).config
+    assert has_key(config, "model.backbone.init_args.name") and not has_key(config, "model.backbone.init_args.width")
+    trial = ConfigOnlyCLI(args=[*torchvision, *as_flags({"model.backbone.init_args.name": "mobilenet_v3_small"})])
+    assert trial.config.model.init_args.backbone.init_args.name == "mobilenet_v3_small"
 
 
 @pytest.mark.parametrize(
