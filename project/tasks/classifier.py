@@ -22,6 +22,7 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassConfusionMatrix
 
+from project.callbacks.checkpoint_io import load_checkpoint_file
 from project.callbacks.checkpoint_shape import check_state_names
 from project.callbacks.checkpoint_stage import check_training_state
 from project.callbacks.media import log_image, media_loggers
@@ -29,6 +30,7 @@ from project.errors import UserError
 from project.shown import shown
 from project.tasks.calibration import Temperature, upgrade_checkpoint
 from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
+from project.tasks.factories import check_classes
 from project.tasks.weights import check_finite
 
 PER_CLASS_SCALARS_UP_TO = 100  # more classes than this: per-class accuracy only in the confusion matrix
@@ -145,6 +147,15 @@ class Classifier(L.LightningModule):
 
     def on_fit_start(self) -> None:
         check_training_state(self.trainer)  # a resumed fit's optimizer states fit this run's: one line, not torch's
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's, once the checkpoint (a stranger's, perhaps) is seen to name only the project's task classes
+        at any depth: its encoder or backbone is rebuilt from the class_path it records (factories.py)."""
+        if isinstance(checkpoint_path, str | os.PathLike):
+            hyperparameters = load_checkpoint_file(checkpoint_path, "checkpoint").get("hyper_parameters")
+            check_classes(hyperparameters, f"the checkpoint {checkpoint_path}")
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint whose tensors do not fit this model (a damaged or hostile file, or one

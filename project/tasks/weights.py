@@ -1,4 +1,4 @@
-"""Weights from outside (a checkpoint, a `--model.weights` file, a pretrained folder) checked before they are used.
+"""Weights from outside (a checkpoint, a backbone's `weights` file, a pretrained folder) checked before they are used.
 
 A file of the right shapes whose weights hold NaN loads without complaint, and then every prediction is one class,
 or none: what a run that diverged writes, or a damaged or hostile file. It is refused in one line naming the tensor.

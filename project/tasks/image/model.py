@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import torch
 from torchvision.transforms import v2
 
-from project.callbacks.checkpoint_io import load_checkpoint_file
 from project.callbacks.media import log_image, media_loggers
 from project.tasks.classifier import Classifier, decay_groups, lr_factor
+from project.tasks.factories import LOADER, described
 from project.tasks.image.backbones import BackboneClass, SmallCNN
 from project.tasks.image.batch import ImageBatch
 from project.tasks.image.pictures import batch_grid
-from project.tasks.text.factories import LOADER, check_classes, described
 
 __all__ = ["ImageClassifier", "lr_factor"]
 
@@ -147,15 +145,6 @@ class ImageClassifier(Classifier):
         if not self._batch_logged and (loggers := media_loggers(self)):
             log_image(loggers, "train/first_batch", batch_grid(batch.image), self.global_step)
         self._batch_logged = True
-
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's, once the checkpoint (a stranger's, perhaps) is seen to name only the project's task classes:
-        its backbone is rebuilt from the class_path it records."""
-        if isinstance(checkpoint_path, str | os.PathLike):
-            hyperparameters = load_checkpoint_file(checkpoint_path, "checkpoint").get("hyper_parameters")
-            check_classes(hyperparameters, f"the checkpoint {checkpoint_path}")
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Head and backbone, each split into decayed weights and undecayed norms, biases and embeddings."""

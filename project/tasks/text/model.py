@@ -3,20 +3,18 @@ text gives the same logits as each text alone."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import torch
 
-from project.callbacks.checkpoint_io import load_checkpoint_file
 from project.callbacks.checkpoint_shape import quoted
 from project.callbacks.media import log_text, media_loggers
 from project.errors import UserError
 from project.tasks.classifier import Classifier, decay_groups, squared_hinge, training_samples
+from project.tasks.factories import LOADER, described
 from project.tasks.text.base import EncoderFactory, FromData
 from project.tasks.text.batch import TextBatch
 from project.tasks.text.branch import BranchFactory, standardised
-from project.tasks.text.factories import LOADER, check_classes, described
 from project.tasks.text.frequencies import set_counts
 
 TABLE_ROWS = 16  # texts of the first training batch shown in TensorBoard
@@ -194,15 +192,6 @@ class TextClassifier(Classifier):
             branch = list(self.ngrams.parameters())
             groups.append({"name": "ngrams", "params": branch, "lr": self.ngrams.lr, "weight_decay": 0.0})
         return groups
-
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's, once the checkpoint (a stranger's, perhaps) is seen to name only the project's task classes:
-        its encoder is rebuilt from the class_path it records."""
-        if isinstance(checkpoint_path, str | os.PathLike):
-            hyperparameters = load_checkpoint_file(checkpoint_path, "checkpoint").get("hyper_parameters")
-            check_classes(hyperparameters, f"the checkpoint {checkpoint_path}")
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint trained with another tokenizer than the data's (its ids would mean other words), or
