@@ -22,7 +22,6 @@ from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassConfusionMatrix
 
-from project.callbacks.checkpoint_io import load_checkpoint_file
 from project.callbacks.checkpoint_shape import check_state_names
 from project.callbacks.checkpoint_stage import check_training_state
 from project.callbacks.media import log_image, media_loggers
@@ -30,8 +29,8 @@ from project.errors import UserError
 from project.shown import shown
 from project.tasks.calibration import Temperature, upgrade_checkpoint
 from project.tasks.confusion import CONFUSION_IMAGE_UP_TO, render_confusion_matrix
-from project.tasks.factories import check_classes
-from project.tasks.weights import check_finite
+from project.tasks.loading import CheckedLoading
+from project.tasks.weights import check_finite, same_kind
 
 PER_CLASS_SCALARS_UP_TO = 100  # more classes than this: per-class accuracy only in the confusion matrix
 STAGES = ("train", "val", "test")
@@ -60,10 +59,11 @@ class Prediction:
     log_probs: torch.Tensor | None = None
 
 
-class Classifier(L.LightningModule):
+class Classifier(CheckedLoading, L.LightningModule):
     """The metrics, reports and optimization of a classifier. Its subclass's hyperparameters (saved with
     `save_hyperparameters`) must include num_classes, class_names, optimizer, lr, momentum, weight_decay,
-    schedule, warmup_fraction and label_smoothing. It has a `head` that maps `features(batch)` to logits."""
+    schedule, warmup_fraction and label_smoothing. It has a `head` that maps `features(batch)` to logits. Its
+    `load_from_checkpoint` checks a stranger's checkpoint before Lightning rebuilds the model (loading.py)."""
 
     head: nn.Module
 
@@ -148,15 +148,6 @@ class Classifier(L.LightningModule):
     def on_fit_start(self) -> None:
         check_training_state(self.trainer)  # a resumed fit's optimizer states fit this run's: one line, not torch's
 
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's, once the checkpoint (a stranger's, perhaps) is seen to name only the project's task classes
-        at any depth: its encoder or backbone is rebuilt from the class_path it records (factories.py)."""
-        if isinstance(checkpoint_path, str | os.PathLike):
-            hyperparameters = load_checkpoint_file(checkpoint_path, "checkpoint").get("hyper_parameters")
-            check_classes(hyperparameters, f"the checkpoint {checkpoint_path}")
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse, in one line, a checkpoint whose tensors do not fit this model (a damaged or hostile file, or one
         of other settings): Lightning, evaluate, predict and export call this before loading the state dict, which
@@ -172,6 +163,11 @@ class Classifier(L.LightningModule):
                 raise UserError(
                     f"the checkpoint's {name} is {tuple(value.shape)} and this model's {tuple(own[name].shape)}: "
                     "it was trained with other settings, or the file is damaged"
+                )
+            if isinstance(value, torch.Tensor) and not same_kind(value, own[name]):
+                raise UserError(
+                    f"the checkpoint's {name} holds {value.dtype} values and this model's {own[name].dtype}: the "
+                    "file is damaged"
                 )
         if self.strict_loading:  # a tensor missing or extra: one line, where torch's strict load lists them all
             check_state_names(state, own)

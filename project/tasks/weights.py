@@ -30,3 +30,12 @@ def check_finite(
                 f"{where}{name} holds {kind} ({count:,} of {value.numel():,}): the run that wrote it diverged, "
                 f"or the file is damaged{advice}"
             )
+
+
+def same_kind(value: torch.Tensor, own: torch.Tensor) -> bool:
+    """Whether torch's copy of `value` into `own` (load_state_dict's) keeps its values: a complex tensor copied into a
+    real one loses its imaginary part, silently, and a floating one copied into an integer one (a count) is rounded,
+    a NaN made a number."""
+    if value.is_complex() != own.is_complex():
+        return False
+    return own.is_floating_point() or own.is_complex() or not value.is_floating_point()

@@ -20,13 +20,14 @@ from project.tasks.image.device_decode import DeviceDecoder
 from project.tasks.image.task import ImageTask
 from project.tasks.image.transforms import Preset, described, training_transform
 from project.tasks.labels import ClassNames
+from project.tasks.loading import CheckedLoading
 
 DEMO_ROOT = Path("data/demo")
 # a pipeline given as data.augment is an nn.Module: the hyperparameters keep its config (redact.plain), not it
 warnings.filterwarnings("ignore", message="Attribute 'augment' is an instance of `nn.Module`")
 
 
-class ImageShards(ClassNames, ShardDataModule):
+class ImageShards(CheckedLoading, ClassNames, ShardDataModule):
     """Image classification samples from WebDataset shards: an image member (.jpg, .jpeg, .png, .webp, or
     a .npy array) and a label member (.cls integer, .txt integer or class name, .json with a label field).
 

@@ -5,6 +5,7 @@ an offline machine says so in one line instead of hanging."""
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import urllib.error
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from torch import nn
 from project.errors import UserError
 
 DOWNLOAD_TIMEOUT_S = 60
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_-]+)?")  # a timm architecture and its tag, no source or path
 AUXILIARY = ("inception_v3", "googlenet")  # a second, training-time output beside the classifier's
 
 
@@ -112,12 +114,14 @@ def last_classifier_layer(model: nn.Module) -> tuple[nn.Module, str, nn.Module]:
 
 def timm_parts(name: str, num_classes: int, pretrained: bool) -> tuple[nn.Module, nn.Linear]:
     """A timm model without its classifier (`num_classes=0`: pooled features), and a new head. Only a model that
-    timm itself registers: a `hf-hub:` or `local-dir:` name would read a configuration from elsewhere."""
+    timm itself registers, by a plain name: a `hf-hub:` or `local-dir:` name would read a configuration from
+    elsewhere, and timm takes `resnet18.<tag>` for a registered model whatever the tag, then reads a `:` or `/`
+    in it as such a source or a path."""
     try:
         import timm
     except ImportError:
         raise UserError('TimmBackbone needs timm: pip install -e ".[timm]"') from None
-    if not timm.is_model(name):
+    if not (PLAIN_NAME.fullmatch(name) and timm.is_model(name)):  # `resnet18.<any tag>` is a model to timm
         found = timm.list_models(f"*{name[:100]}*")[:5]
         hint = f" (similar: {', '.join(found)})" if found else " (timm.list_models() lists them)"
         raise UserError(f"--model.backbone.name {name[:100]!r}: timm has no such model{hint}")

@@ -21,6 +21,7 @@ from project.data.samples import read_samples
 from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
 from project.tasks.labels import ClassNames
+from project.tasks.loading import CheckedLoading
 from project.tasks.text.frequencies import count_documents
 from project.tasks.text.hashed import NAME as HASHED
 from project.tasks.text.hashed import HashedNGrams
@@ -37,7 +38,7 @@ DEMO_ROOT = Path("data/text-demo")
 PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>")  # ours, BERT-style and GPT-style tokenizers' padding tokens
 
 
-class TextShards(ClassNames, ShardDataModule):
+class TextShards(CheckedLoading, ClassNames, ShardDataModule):
     """Text classification samples from WebDataset shards: a `.txt` member (UTF-8 text) and a `.cls`
     member (an integer label or a class name), as `python -m project.shards.prepare SOURCE --out DIR` writes.
 
