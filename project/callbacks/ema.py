@@ -30,7 +30,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from project.callbacks.checkpoint_shape import a, check_state_names, is_count, plain, quoted
 from project.errors import UserError
-from project.tasks.weights import check_finite
+from project.tasks.weights import check_finite, same_kind
 
 LIVE, AVERAGING = "current_model_state", "averaging_state"  # Lightning's keys beside `state_dict`
 
@@ -131,11 +131,19 @@ def check_averaged_checkpoint(checkpoint: dict, pl_module: L.LightningModule) ->
         check_finite(state.items(), parameters, f"the checkpoint's {key}: ", "; use an earlier checkpoint")
     averaging = checkpoint.get(AVERAGING)
     count = averaging.get("n_averaged") if isinstance(averaging, dict) else None
-    whole = isinstance(count, torch.Tensor) and count.numel() == 1 and not count.is_floating_point()
-    if not whole or not is_count(int(count)):
+    if not is_update_count(count):
         raise UserError(f"the checkpoint's {AVERAGING} holds no count of updates (n_averaged): the file is damaged")
     if set(averaging) != {"n_averaged"}:
         raise UserError(f"the checkpoint's {AVERAGING} holds {quoted(sorted(averaging))}: the file is damaged")
+
+
+def is_update_count(count: Any) -> bool:
+    """Whether `count` is what `AveragedModel` keeps as `n_averaged`: one integer of a plain tensor of no dimension
+    (the buffer it loads into), not negative."""
+    if not isinstance(count, torch.Tensor) or not plain(count) or count.shape != ():
+        return False
+    integer = not (count.is_floating_point() or count.is_complex() or count.dtype == torch.bool)
+    return integer and is_count(int(count))
 
 
 def check_tensors(state: Mapping[str, Any], own: Mapping[str, torch.Tensor], key: str) -> None:
@@ -149,4 +157,9 @@ def check_tensors(state: Mapping[str, Any], own: Mapping[str, torch.Tensor], key
             raise UserError(
                 f"the checkpoint's {key}.{quoted(name)} is {shape}, this model's {tuple(own[name].shape)}: it was "
                 "trained with other settings, or the file is damaged"
+            )
+        if not same_kind(value, own[name]):
+            raise UserError(
+                f"the checkpoint's {key}.{quoted(name)} holds {value.dtype} values, this model's "
+                f"{own[name].dtype}: the file is damaged"
             )
