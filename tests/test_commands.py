@@ -1,6 +1,6 @@
-"""One CLI style for the tools: flags as LightningCLI spells them, `--config` and `--print_config` from the
-function's signature, the spellings of the release before still working with a one-line note, and the train
-options of active, tune and export passed on to their runs."""
+"""One CLI style for the tools: flags as LightningCLI spells them (no other spelling), `--config` and
+`--print_config` from the function's signature, a leading list of paths given as several values, and the
+train options of active, tune, export and scaling passed on to their runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from project.commands import Spellings, modernized, parse_tool_arguments
+from project.commands import parse_tool_arguments, run_command
 
 from .conftest import run_here
 
@@ -25,48 +25,39 @@ def review_csv(path: Path, rows: int = 40) -> Path:
     return path
 
 
-def test_the_old_spellings_still_work_each_with_one_note(tmp_path):
+def test_a_flag_is_spelled_one_way(tmp_path):
+    """No spelling but the parser's: `--samples-per-shard` and a switch given alone are errors, in one line."""
     source = review_csv(tmp_path / "reviews.csv")
-    old = run_here(
-        "project.data.prepare",
-        str(source),
-        "--out",
-        "old",
-        "--samples-per-shard",
-        "8",
-        "--text",
-        "--dedup",
-        "off",
-        "--workers",
-        "1",
-        cwd=tmp_path,
-    )
-    assert old.returncode == 0, old.stderr[-2000:]
-    notes = [line for line in old.stderr.splitlines() if line.startswith("note:")]
-    assert notes == [
-        "note: python -m project.data.prepare is spelled python -m project.shards.prepare now; the old spelling goes "
-        "in the next release",
-        "note: --samples-per-shard is spelled --samples_per_shard now; the old spelling goes in the next release",
-        "note: --text alone is spelled --text true now; the old spelling goes in the next release",
-    ]
-    new = run_here(
-        "project.shards.prepare",
-        str(source),
-        "--out",
-        "new",
-        "--samples_per_shard",
-        "8",
-        "--text",
-        "true",
-        "--dedup",
-        "off",
-        "--workers",
-        "1",
-        cwd=tmp_path,
-    )
-    assert new.returncode == 0 and "note:" not in new.stderr, new.stderr[-2000:]
-    shards = {run: sorted(p.read_bytes() for p in (tmp_path / run / "train").glob("*.tar")) for run in ("old", "new")}
-    assert shards["old"] == shards["new"]
+    common = [str(source), "--out", "out", "--dedup", "off", "--workers", "1"]
+    for wrong, named in ((["--samples-per-shard", "8"], "--samples-per-shard"), (["--text"], "--text")):
+        result = run_here("project.shards.prepare", *common, *wrong, cwd=tmp_path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert named in result.stderr and "note:" not in result.stderr
+        assert not (tmp_path / "out").exists()
+    result = run_here("project.shards.prepare", *common, "--samples_per_shard", "8", "--text", "true", cwd=tmp_path)
+    assert result.returncode == 0 and "note:" not in result.stderr, result.stderr[-2000:]
+
+
+def test_a_leading_list_of_paths_takes_one_or_more_values_and_reads_back_from_a_config(tmp_path, capsys):
+    def command(inputs: list[str], *, out: str, verify: bool = True) -> tuple:
+        """Index shards.
+
+        Args:
+            inputs: shard folders.
+            out: the index.
+            verify: check them.
+        """
+        return inputs, out, verify
+
+    assert run_command(command, "m", ["a", "b", "--out", "x"]) == (["a", "b"], "x", True)
+    assert run_command(command, "m", ["--out=x", "a"]) == (["a"], "x", True)
+    with pytest.raises(SystemExit):
+        run_command(command, "m", ["a", "--out", "x", "--print_config"])
+    (tmp_path / "index.yaml").write_text(capsys.readouterr().out)
+    assert run_command(command, "m", ["--config", str(tmp_path / "index.yaml")]) == (["a"], "x", True)
+    with pytest.raises(SystemExit):
+        run_command(command, "m", ["--out", "x"])  # the list is required
+    assert "inputs" in capsys.readouterr().err
 
 
 def test_a_tool_prints_its_config_and_reads_it_back(tmp_path):
@@ -98,24 +89,10 @@ def test_a_training_tool_keeps_its_options_and_passes_the_rest_to_its_runs():
     given, rest = parse_tool_arguments(
         options,
         "project.tune",
-        ["--n-trials", "3", "--config", "my.yaml", "--model.lr=0.1", "--backend=ray", "--data.root", "d"],
+        ["--n_trials", "3", "--config", "my.yaml", "--model.lr=0.1", "--backend=ray", "--data.root", "d"],
     )
     assert given["n_trials"] == 3 and given["backend"] == "ray"
     assert rest == ["--config", "my.yaml", "--model.lr=0.1", "--data.root", "d"]
-
-
-def test_lists_and_renamed_flags_of_the_release_before():
-    spellings = Spellings(
-        lists=("--quantize",), renamed={"--no-verify-images": "--verify_images=false"}, positional_list=True
-    )
-    args = ["a", "b", "--quantize", "static-int8", "dynamic-int8", "--no-verify-images", "--out", "x"]
-    assert modernized(args, {"--quantize", "--out", "--verify_images"}, spellings) == [
-        '["a", "b"]',
-        '--quantize=["static-int8", "dynamic-int8"]',
-        "--verify_images=false",
-        "--out",
-        "x",
-    ]
 
 
 @pytest.mark.parametrize(
@@ -124,6 +101,7 @@ def test_lists_and_renamed_flags_of_the_release_before():
         ("project.tune", ["--n_trials=2", "--print_config"], "n_trials: 2"),
         ("project.active", ["--pool=p", "--labeled=l", "--budget=5", "--rounds=1", "--print_config"], "budget: 5"),
         ("project.export", ["--ckpt_path=x.ckpt", "--print_config"], "ckpt_path: x.ckpt"),
+        ("project.scaling", ["--fractions=[0.5,1.0]", "--print_config"], "fractions:\n- 0.5\n- 1.0"),
     ],
 )
 def test_a_training_tool_prints_its_own_options(tmp_path, module, args, shown):

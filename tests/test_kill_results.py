@@ -281,7 +281,7 @@ def test_predict_killed_at_every_write_leaves_whole_results_and_finishes_with_th
 
 
 def export_args(checkpoint: Path, form: str) -> list[str]:
-    quantize = ["--quantize=dynamic-int8"] if form == "onnx" else []
+    quantize = ["--quantize=[dynamic-int8]"] if form == "onnx" else []
     return [
         f"--ckpt_path={checkpoint}",
         f"--format={form}",
@@ -358,9 +358,9 @@ def test_export_killed_at_every_write_leaves_whole_models_and_report(checkpoint,
 
 def tune_args(checkpoint: Path, search: Path) -> list[str]:
     return [
-        "--n-trials=1",
+        "--n_trials=1",
         f"--search={search}",
-        "--study-name=tk",
+        "--study_name=tk",
         f"--data.root={checkpoint.parents[4] / 'demo'}",
         "--data.image_size=16",
         "--data.batch_size=8",

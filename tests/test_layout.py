@@ -13,8 +13,6 @@ from .conftest import REPO
 
 PROJECT = REPO / "project"
 MAX_LINES = 300
-# `python -m project.data.demo|prepare|index|inspect|tokenizer`: thin aliases of the write tools
-ALIASES = {f"project.data.{name}" for name in ("demo", "prepare", "index", "inspect", "tokenizer")}
 # what the core may not import, and the task words it may not use as keys or extensions
 NOT_IN_CORE = ("torchvision", "PIL", "project.tasks", "project.shards", "project.callbacks", "project.cli")
 TASK_WORDS = {"image", "label", "jpg", "jpeg", "png", "cls", "txt", "class", "classes"}
@@ -26,7 +24,7 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(path): path for path in sorted(PROJECT.rglob("*.py"))}
-CORE = sorted(name for name in MODULES if name.startswith("project.data.") and name not in ALIASES)
+CORE = sorted(name for name in MODULES if name.startswith("project.data."))
 
 
 def imports(path: Path) -> set[str]:
@@ -49,7 +47,7 @@ def test_the_layout_is_found():
     assert {"project.data.stream", "project.data.plan", "project.tasks.image.data", "project.shards.prepare"} <= set(
         MODULES
     )
-    assert "project.data.datamodule" in CORE and "project.data.demo" not in CORE
+    assert "project.data.datamodule" in CORE and "project.shards.prepare" not in CORE
 
 
 def test_no_module_imports_itself_through_others():

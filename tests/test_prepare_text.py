@@ -295,7 +295,7 @@ def test_a_restart_keeps_finished_text_shards(tmp_path):
 
 
 def test_index_counts_text_shards_made_elsewhere_and_lists_bad_texts(tmp_path):
-    """`python -m project.data.index` on text shards from another tool: class names from the .cls members,
+    """`python -m project.shards.index` on text shards from another tool: class names from the .cls members,
     and the texts that are not UTF-8 or empty listed, not every sample reported as "no image member"."""
     from project.shards.index import build_index
 

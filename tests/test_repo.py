@@ -70,7 +70,9 @@ def pyproject() -> dict:
 
 def test_discovery_finds_the_configs_and_entry_points():
     assert "configs/default.yaml" in CONFIGS and "configs/trainer/ddp.yaml" in CONFIGS
-    assert {"project.train", "project.evaluate", "project.data.demo", "project.data.prepare"} <= set(ENTRY_POINTS)
+    assert {"project.train", "project.evaluate", "project.tasks.image.demo", "project.shards.prepare"} <= set(
+        ENTRY_POINTS
+    )
 
 
 def scalar_settings(node: object, path: tuple = ()) -> list[tuple[tuple, object]]:
@@ -129,21 +131,11 @@ def test_every_search_space_searches_train_options(search_space, results):
         lookup(resolved, tuple(key.split(".")))
 
 
-# the older names of tools that live elsewhere now: their --help names the real command
-ALIASES = {
-    "project.data.prepare": "project.shards.prepare",
-    "project.data.index": "project.shards.index",
-    "project.data.inspect": "project.shards.inspect",
-    "project.data.demo": "project.tasks.image.demo",
-    "project.data.tokenizer": "project.tasks.text.tokenizer",
-}
-
-
 @pytest.mark.parametrize("module", ENTRY_POINTS)
 def test_every_entry_point_answers_help_naming_its_real_command(module, results):
     result = results[help_command(module)]
     assert result["returncode"] == 0, describe(result)
-    assert f"usage: python -m {ALIASES.get(module, module)} " in result["stdout"], describe(result)
+    assert f"usage: python -m {module} " in result["stdout"], describe(result)
 
 
 def test_every_console_script_runs_a_module_entry_point():
@@ -151,7 +143,7 @@ def test_every_console_script_runs_a_module_entry_point():
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    real = {ALIASES.get(module, module) for module in ENTRY_POINTS}
+    real = set(ENTRY_POINTS)
     for name, target in scripts.items():
         module, _, function = target.partition(":")
         assert callable(getattr(importlib.import_module(module), function)), target

@@ -290,9 +290,9 @@ def tune_flags(served, folder: Path) -> list[str]:
     search = folder / "search.yaml"
     search.write_text("params: {model.lr: {type: float, low: 0.001, high: 0.01, log: true}}\n")
     return [
-        "--n-trials=2",
+        "--n_trials=2",
         f"--search={search}",
-        "--study-name=secret-study",
+        "--study_name=secret-study",
         *data_flags(served),
         "--data.image_size=16",
         "--data.batch_size=32",
@@ -356,7 +356,7 @@ def prepare(served, tmp_path_factory) -> Run:
     """Re-sharding the presigned train split into a local dataset folder."""
     run = new_run(tmp_path_factory, "prepare")
     run_tool(
-        served, run, "project.shards.prepare", served.url("train"), "--out=out", "--samples-per-shard=50", "--workers=1"
+        served, run, "project.shards.prepare", served.url("train"), "--out=out", "--samples_per_shard=50", "--workers=1"
     )
     yield run
     run.clean()

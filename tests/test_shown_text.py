@@ -239,7 +239,7 @@ def test_duplicates_csv_escapes_keys_and_labels_that_start_a_formula(tmp_path):
     copy = (tmp_path / "source" / "=SUM(1+1)" / "img0.jpg").read_bytes()
     (tmp_path / "source" / "=SUM(1+1)" / "@copy.jpg").write_bytes(copy)
     (tmp_path / "source" / "=SUM(1+1)" / "-copy.jpg").write_bytes(copy)
-    prepare(str(tmp_path / "source"), tmp_path / "out", quiet=True, dedup="exact", workers=1)
+    prepare(str(tmp_path / "source"), out=tmp_path / "out", quiet=True, dedup="exact", workers=1)
     with open(tmp_path / "out" / "duplicates.csv", newline="") as stream:
         rows = list(csv.reader(stream))
     cells = [cell for row in rows[1:] for cell in row]

@@ -121,7 +121,7 @@ def test_a_search_key_that_is_no_config_key_stops_before_any_trial(tiny_demo, tm
     search = tmp_path / "search.yaml"
     search.write_text("params: {model.learning_rate: {type: float, low: 0.001, high: 0.01}}")
     with pytest.raises(UserError, match="'model.learning_rate' is not a config key"):
-        main(["--n-trials=1", f"--search={search}", f"--data.root={tiny_demo}"])
+        main(["--n_trials=1", f"--search={search}", f"--data.root={tiny_demo}"])
     assert not (tmp_path / "logs" / "demo-tune" / "study.db").exists()
 
 
@@ -130,9 +130,9 @@ def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_p
     data = f"--data.root={tiny_demo}"
     first = run_here(
         "project.tune",
-        "--n-trials=2",
+        "--n_trials=2",
         f"--search={write_search(tmp_path / 'a.yaml')}",
-        "--study-name=tiny",
+        "--study_name=tiny",
         data,
         *TINY,
         cwd=tmp_path,
@@ -155,9 +155,9 @@ def test_a_study_runs_resumes_prunes_and_its_best_config_trains(tiny_demo, tmp_p
     resumed = run_here(
         "project.tune",
         "--resume=true",
-        "--n-trials=3",
+        "--n_trials=3",
         f"--search={write_search(tmp_path / 'b.yaml', pruner)}",
-        "--study-name=tiny",
+        "--study_name=tiny",
         data,
         *TINY,
         cwd=tmp_path,

@@ -47,7 +47,7 @@ def tune_command(tiny_demo: Path, tmp_path: Path, study: str, *extra: str) -> li
     return [
         "--backend=ray",
         f"--search={write_search(tmp_path / 'search.yaml')}",
-        f"--study-name={study}",
+        f"--study_name={study}",
         f"--data.root={tiny_demo}",
         *TINY,
         *extra,
@@ -58,7 +58,7 @@ def test_without_ray_the_backend_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     monkeypatch.setitem(sys.modules, "ray.tune", None)
     with pytest.raises(UserError, match=r'--backend ray needs Ray Tune: pip install -e "\.\[ray\]"'):
-        main(["--backend=ray", "--n-trials=1"])
+        main(["--backend=ray", "--n_trials=1"])
 
 
 @pytest.mark.parametrize(
@@ -66,14 +66,14 @@ def test_without_ray_the_backend_is_one_line(monkeypatch):
     [
         (["--backend=ray", "--storage=sqlite:///x.db"], "--storage is Optuna's"),
         (["--address=auto"], "--address and --resources_per_trial are for --backend ray"),
-        (["--backend=ray", "--resources-per-trial=cpu=one"], "expected pairs such as cpu=1,gpu=0"),
-        (["--backend=ray", "--resources-per-trial=tpu=1"], "only cpu and gpu"),
+        (["--backend=ray", "--resources_per_trial=cpu=one"], "expected pairs such as cpu=1,gpu=0"),
+        (["--backend=ray", "--resources_per_trial=tpu=1"], "only cpu and gpu"),
     ],
 )
 def test_bad_ray_settings_are_one_line_errors(arguments, message):
     pytest.importorskip("ray.tune")
     with pytest.raises(UserError, match=message):
-        main(["--n-trials=1", *arguments])
+        main(["--n_trials=1", *arguments])
 
 
 def test_every_distribution_of_the_search_file_has_its_ray_equivalent():
@@ -108,7 +108,7 @@ def test_every_distribution_of_the_search_file_has_its_ray_equivalent():
 @pytest.mark.slow
 def test_an_asha_run_writes_trials_and_a_best_config_that_trains(tiny_demo, tmp_path):
     pytest.importorskip("ray.tune")
-    command = tune_command(tiny_demo, tmp_path, "asha", "--n-trials=2", "--scheduler=asha", "--trainer.max_epochs=2")
+    command = tune_command(tiny_demo, tmp_path, "asha", "--n_trials=2", "--scheduler=asha", "--trainer.max_epochs=2")
     result = run_module("project.tune", *command, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "experiment asha: 2 trials" in result.stdout and "best config: logs/asha/best.yaml" in result.stdout
@@ -127,7 +127,7 @@ def test_an_asha_run_writes_trials_and_a_best_config_that_trains(tiny_demo, tmp_
 @pytest.mark.slow
 def test_pbt_exploits_by_restoring_a_better_trials_checkpoint(tiny_demo, tmp_path):
     pytest.importorskip("ray.tune")
-    command = tune_command(tiny_demo, tmp_path, "pbt", "--n-trials=2", "--scheduler=pbt", "--trainer.max_epochs=3")
+    command = tune_command(tiny_demo, tmp_path, "pbt", "--n_trials=2", "--scheduler=pbt", "--trainer.max_epochs=3")
     result = run_module("project.tune", *command, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [json.loads(line) for line in next((tmp_path / "logs" / "pbt" / "ray").glob("*/pbt_global.txt")).open()]
@@ -150,10 +150,10 @@ def test_a_killed_experiment_resumes_to_n_trials(tiny_demo, tmp_path):
         tiny_demo,
         tmp_path,
         "killed",
-        "--n-trials=2",
+        "--n_trials=2",
         "--scheduler=fifo",
         "--trainer.max_epochs=2",
-        "--resources-per-trial=cpu=2",
+        "--resources_per_trial=cpu=2",
     )  # one trial at a time
     process = subprocess.Popen(
         [sys.executable, "-m", "project.tune", *command],
@@ -212,9 +212,9 @@ def test_a_missing_data_path_stops_both_backends_before_any_trial(tmp_path):
             main(
                 [
                     f"--backend={backend}",
-                    "--n-trials=2",
+                    "--n_trials=2",
                     "--data.root=data/missing",
-                    f"--study-name=m-{backend}",
+                    f"--study_name=m-{backend}",
                     f"--trainer.logger.init_args.save_dir={tmp_path}",
                 ]
             )
@@ -251,8 +251,8 @@ def test_a_ray_study_on_a_running_cluster_with_relative_paths_and_one_whose_tria
         result = run_module(
             "project.tune",
             *common,
-            "--study-name=cluster",
-            "--n-trials=2",
+            "--study_name=cluster",
+            "--n_trials=2",
             "--scheduler=fifo",
             "--trainer.max_epochs=1",
             cwd=tmp_path,
@@ -266,8 +266,8 @@ def test_a_ray_study_on_a_running_cluster_with_relative_paths_and_one_whose_tria
             "project.tune",
             *common,
             f"--search={failing.name}",
-            "--study-name=failing",
-            "--n-trials=2",
+            "--study_name=failing",
+            "--n_trials=2",
             "--trainer.max_epochs=1",
             cwd=tmp_path,
             timeout=600,

@@ -24,7 +24,7 @@ Results in the run folder (default logs/<experiment>-active/): curves.png and cu
 over seeds), rounds.csv, TensorBoard's test accuracy against labels (`tensorboard --logdir RUN/tensorboard`),
 and per loop its rounds' runs and state.json. Run the same command again after an interruption: it
 continues at the first step without a result. Train overrides (`--trainer.max_steps 300`,
-`--model.backbone resnet18`) apply to every round, after configs/active/default.yaml.
+`--model.backbone.width 32`) apply to every round, after configs/active/default.yaml.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from project.active.oracle import get_labels
 from project.active.strategies import make_strategy, parse_strategies
 from project.cli import CONFIG_DIR, ConfigOnlyCLI, print_train_help
 from project.cli_help import import_class
-from project.commands import Spellings, command_parser, parse_tool_arguments
+from project.commands import command_line, command_parser, parse_tool_arguments
 from project.data.paths import check_output
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index
 from project.data.specs import SHARD_SUFFIXES, resolve_shards
@@ -114,7 +114,7 @@ def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
     """(active-learning options, train overrides)."""
     if "-h" in args or "--help" in args:
         print_train_help(command_parser(options, MODULE, config=False).format_help())
-    given, overrides = parse_tool_arguments(options, MODULE, args, Spellings(switches=("--warm_start",)))
+    given, overrides = parse_tool_arguments(options, MODULE, args)
     for flag, why in (("--ckpt_path", "every round trains its own model"), ("--data.train", "the labeled set is")):
         if any(arg == flag or arg.startswith(f"{flag}=") for arg in overrides):
             raise UserError(f"{flag} cannot be set for active learning: {why} the training split")
@@ -141,7 +141,9 @@ def settings_from(options: SimpleNamespace, overrides: list[str]) -> tuple[Setti
     folder = options.labeled
     shards = [p for p in folder.iterdir() if p.name.endswith(SHARD_SUFFIXES)] if folder.is_dir() else []
     if shards and not has_index(options.labeled):  # (the loops' own folders are fine)
-        raise UserError(f"--labeled {options.labeled} holds shards but no {INDEX_NAME} (python -m project.data.index)")
+        raise UserError(
+            f"--labeled {options.labeled} holds shards but no {INDEX_NAME} (python -m project.shards.index)"
+        )
     seed_index = read_index(str(options.labeled / INDEX_NAME)) if has_index(options.labeled) else None
     data_init = getattr(config.data, "init_args", None)
     classes = (
@@ -156,7 +158,7 @@ def settings_from(options: SimpleNamespace, overrides: list[str]) -> tuple[Setti
     run = options.run or Path(getattr(logger, "save_dir", None) or "logs") / f"{experiment}-active"
     if options.run is None:  # the folder the user named may be a link; one planted under logs/ may not lead out
         check_output(run, run.parent)
-    label_members = import_class(config.data.class_path).label_extensions
+    label_members = import_class(config.data.class_path).task_type.label_extensions
     tensorboard = logger is not None and "version" in logger
     settings = Settings(
         pool,
@@ -177,7 +179,9 @@ def has_index(folder: Path) -> bool:
     return (folder / INDEX_NAME).exists()
 
 
-def seed_set(folder: Path, seed: int, size: int, settings: Settings, run: Path, label_members: frozenset[str]) -> bool:
+def seed_set(
+    folder: Path, seed: int, size: int, settings: Settings, *, run: Path, label_members: frozenset[str]
+) -> bool:
     """Draw the seed set of `seed` into the labeled set at `folder` (--initial samples at random), unless
     it holds samples already; False while a human has not labeled the draw."""
     if has_index(folder) and read_index(str(folder / INDEX_NAME)).shards:
@@ -213,7 +217,7 @@ def quiet() -> Iterator[None]:
 
 
 def main(args: list[str] | None = None) -> list[dict]:
-    options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
+    options, overrides = parse_args(command_line(args))
     with quiet():
         return loops(options, overrides)
 
@@ -231,7 +235,7 @@ def loops(options: SimpleNamespace, overrides: list[str]) -> list[dict]:
             folder = options.labeled if single else options.labeled / "initial" / f"seed_{seed}"
             check_output(folder / INDEX_NAME, options.labeled)  # a folder planted as a link out of --labeled
             check_output(run / "initial" / f"seed_{seed}" / "to_label.csv", run)  # or out of the run folder
-            if not seed_set(folder, seed, initial, settings, run, label_members):
+            if not seed_set(folder, seed, initial, settings, run=run, label_members=label_members):
                 waiting.append(f"seed set of seed {seed}")
                 continue
             start = read_index(str(folder / INDEX_NAME))

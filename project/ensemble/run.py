@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from project.commands import Spellings, run_command
+from project.commands import run_command
 from project.ensemble.join import Joined, ensemble_rows, summary
 from project.errors import UserError, run_main
 from project.shown import shown
@@ -104,7 +104,7 @@ def ensemble(predictions: list[str], out: str | None = None, top_k: int = 5, qui
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return run_command(ensemble, MODULE, argv, Spellings(positional_list=True))
+    return run_command(ensemble, MODULE, argv)
 
 
 def console() -> None:

@@ -1,2 +1,2 @@
 """The write side: tools that turn collections into shards and an index (prepare, index, inspect), outside the
-read path. Their commands keep their old names: `python -m project.data.prepare|index|inspect`."""
+read path: `python -m project.shards.prepare|index|inspect`."""

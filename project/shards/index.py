@@ -2,7 +2,7 @@
 
     python -m project.shards.index PATTERN|DIR|PART_INDEX.json... --out FILE [--verify_images false]
 
-(`python -m project.data.index`, and `shards-index`, are the same command.)
+(`shards-index` is the same command.)
 
 Accepts webdataset TarWriter/ShardWriter output, GNU tar of a folder of key.ext files, and gzip-compressed
 tars (.tar.gz, .tgz). Each shard is read through: samples are counted, labels collected (so num_classes
@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from project.commands import Spellings, run_command
+from project.commands import run_command
 from project.data.paths import matching_files, source_files
 from project.data.remote import is_remote
 from project.data.samples import REFUSED, read_samples
@@ -198,8 +198,7 @@ def command(inputs: list[str], *, out: str, verify_images: bool = True) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    spellings = Spellings(renamed={"--no-verify-images": "--verify_images=false"}, positional_list=True)
-    run_command(command, "project.shards.index", argv, spellings)
+    run_command(command, "project.shards.index", argv)
 
 
 def console() -> None:

@@ -4,7 +4,7 @@
     python -m project.shards.inspect DIR --leakage true [--fail_on_leakage true] [--near_distance BITS]
         [--near_jaccard J]
 
-(`python -m project.data.inspect`, and `shards-inspect`, are the same command.)
+(`shards-inspect` is the same command.)
 
 DIR is a dataset root (with train/, val/, test/) or one split's folder, index, glob or pattern. Prints
 shards, samples, bytes, per-class counts and the image sizes and modes seen, per split, and writes a PNG
@@ -28,7 +28,7 @@ from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 
-from project.commands import Spellings, run_command
+from project.commands import run_command
 from project.data.atomic import replace_atomically
 from project.data.remote import is_remote
 from project.data.samples import REFUSED, read_samples
@@ -46,6 +46,7 @@ from project.tasks.labels import index_classes
 
 TILE = 96
 TEXTS_SHOWN = 5  # first texts printed for text shards
+NO_LABEL = "(no label)"
 
 
 def splits_of(spec: str) -> dict[str, ShardIndex]:
@@ -78,13 +79,9 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
             if REFUSED in sample:  # a member over data.max_member_bytes, left unread
                 unreadable.append(f"{sample['__key__']}: {sample[REFUSED]}")
                 continue
-            try:
-                label = decode_label(sample, classes)
-                name = classes[label] if classes and label < len(classes) else str(label)
-            except ValueError:
-                name = "(no label)"
+            name = label_name(sample, classes)
             counts[name] += 1
-            if name != "(no label)":
+            if name != NO_LABEL:
                 shard_labels[-1][name] += 1
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if extension is None and "txt" in sample and "cls" in sample:  # a text sample
@@ -120,6 +117,15 @@ def summarize(index: ShardIndex, sheet_samples: int) -> tuple[dict, list[tuple[I
         "sorted": sorted_warning(shard_labels),
     }
     return summary, tiles
+
+
+def label_name(sample: dict, classes: list[str]) -> str:
+    """The name of a sample's class, its number where the index names no class, or NO_LABEL."""
+    try:
+        label = decode_label(sample, classes)
+    except ValueError:
+        return NO_LABEL
+    return classes[label] if classes and label < len(classes) else str(label)
 
 
 def contact_sheet(tiles: list[tuple[Image.Image, str]], path: Path) -> None:
@@ -161,7 +167,14 @@ def command(
     """
     console = Console()
     if leakage or fail_on_leakage:
-        check_leakage(data, near_distance, near_jaccard, workers, fail_on_leakage, console)
+        check_leakage(
+            data,
+            near_distance=near_distance,
+            near_jaccard=near_jaccard,
+            workers=workers,
+            fail=fail_on_leakage,
+            console=console,
+        )
         return
     first_tiles: list = []
     for split, index in splits_of(data).items():
@@ -207,11 +220,11 @@ def print_summary(console: Console, split: str, summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_command(command, "project.shards.inspect", argv, Spellings(switches=("--leakage", "--fail_on_leakage")))
+    run_command(command, "project.shards.inspect", argv)
 
 
 def check_leakage(
-    data: str, near_distance: int, near_jaccard: float, workers: int, fail: bool, console: Console
+    data: str, *, near_distance: int, near_jaccard: float, workers: int, fail: bool, console: Console
 ) -> None:
     from project.shards.leakage import check
 

@@ -7,7 +7,7 @@ For shards made by any tool, as long as each split has a shard index (DIR/train,
 Every sample is hashed as `prepare --dedup near` hashes it (project/shards/dedup.py), in worker processes, a
 shard per job; a val or test sample leaks when a train sample is its exact copy (the same bytes), or else
 when it shares a duplicate group with one, grouped as prepare groups (near copies, and their near copies).
-With --fail-on-leakage the command exits with code 1 when any sample leaks, for CI.
+With --fail_on_leakage true the command exits with code 1 when any sample leaks, for CI.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def is_text(source: str, text_column: str = "text") -> bool:
         if columns and "path" not in columns and text_column not in columns:
             raise UserError(
                 f"{path} has no 'path' column (images) and no {text_column!r} column (text) "
-                f"(found: {shown(', '.join(columns))}); set --text-column"  # a stranger's header
+                f"(found: {shown(', '.join(columns))}); set --text_column"  # a stranger's header
             )
         return text_column in columns and "path" not in columns
     if kind == "folder":
@@ -149,7 +149,7 @@ def text_listing(path: Path, text_column: str = "text", label_column: str = "lab
     """A CSV or JSONL listing of texts and labels (integers or class names). Keys come from a `key` or `id`
     column when there is one (they must be unique), else they are `<file stem>/<row number:08d>`."""
     columns = listing_columns(path)
-    for column, option in ((text_column, "--text-column"), (label_column, "--label-column")):
+    for column, option in ((text_column, "--text_column"), (label_column, "--label_column")):
         if column not in columns:
             found = shown(", ".join(columns)) if columns else "no columns"  # a stranger's header
             raise UserError(f"{path} has no {column!r} column (found: {found}); set {option}")

@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 
 from project.cli import ConfigOnlyCLI, print_train_help
-from project.commands import command_parser, parse_tool_arguments
+from project.commands import command_line, command_parser, parse_tool_arguments
 from project.data.paths import check_output
 from project.errors import UserError, run_main
 from project.redact import redact
@@ -127,7 +127,7 @@ def refuse_existing(options: SimpleNamespace, folder: Path, name: str) -> None:
 
 
 def main(args: list[str] | None = None) -> optuna.Study | None:
-    options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
+    options, overrides = parse_args(command_line(args))
     checked = ConfigOnlyCLI(args=overrides)  # checks the overrides before any trial
     config = checked.config
     logger = getattr(config.trainer.logger, "init_args", None)
@@ -157,7 +157,7 @@ def main(args: list[str] | None = None) -> optuna.Study | None:
     print(f"study {name} in {redact(storage)}", file=sys.stderr)
     started = time.perf_counter()
     try:
-        optimize(study, options.n_trials, overrides, config, search, folder)
+        optimize(study, options.n_trials, search=search, overrides=overrides, config=config, folder=folder)
     except SIGTERMException:
         print(f"stopped by SIGTERM: add --resume true to the same command to continue study {name}", file=sys.stderr)
         raise SystemExit(143) from None
