@@ -1,6 +1,6 @@
 """Data-fraction baselines: train on growing shares of the training split and compare the test metric.
 
-    python -m project.scaling --fractions 0.1,0.25,0.5,1.0 [--metric test/acc] [train overrides...]
+    python -m project.scaling [--fractions [0.1,0.25,0.5,1.0]] [--metric test/acc] [train overrides...]
 
 Each fraction is a normal run (`--data.fraction F`, the same epochs, seeds and validation/test splits),
 fitted and then tested with its best checkpoint, like project.train. The subsets are nested (the 10%
@@ -11,11 +11,11 @@ and scaling.png (the metric against training samples and against training wall t
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import matplotlib
@@ -24,21 +24,33 @@ matplotlib.use("Agg")  # files only: no display needed, on servers too
 import matplotlib.pyplot as plt  # noqa: E402
 
 from project.cli import ConfigOnlyCLI, ProjectCLI, print_train_help  # noqa: E402
+from project.commands import command_line, command_parser, parse_tool_arguments  # noqa: E402
 from project.errors import UserError, run_main  # noqa: E402
 
+MODULE = "project.scaling"
 COLUMNS = ["fraction", "train_samples", "epochs", "steps", "fit_seconds", "run_folder"]
 
 
-def parse_fractions(text: str) -> list[float]:
-    try:
-        fractions = sorted({float(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise UserError(
-            f"--fractions expects numbers separated by commas, like 0.1,0.25,0.5,1.0; got {text!r}"
-        ) from None
-    if not fractions or not all(0 < f <= 1 for f in fractions):
-        raise UserError(f"--fractions must each be in (0, 1]; got {text!r}")
-    return fractions
+def options(*, fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0), metric: str = "test/acc") -> SimpleNamespace:
+    """Train on shares of the training data and plot the test metric against them.
+
+    Args:
+        fractions: the shares of the training split, each in (0, 1]: one run each, the smallest first.
+        metric: the test metric to plot.
+    """
+    if not fractions or not all(0 < fraction <= 1 for fraction in fractions):
+        raise UserError(f"--fractions must each be in (0, 1]; got {list(fractions)}")
+    return SimpleNamespace(fractions=sorted(set(fractions)), metric=metric)
+
+
+def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
+    """(scaling options, train overrides): every argument scaling does not know goes to the runs."""
+    if "-h" in args or "--help" in args:
+        print_train_help(command_parser(options, MODULE, config=False).format_help())
+    given, overrides = parse_tool_arguments(options, MODULE, args)
+    if any(arg.startswith("--data.fraction") for arg in overrides):
+        raise UserError("--data.fraction: scaling sets it for each run; use --fractions")
+    return options(**given), overrides
 
 
 def output_folder(config: Any) -> tuple[Path, bool]:
@@ -114,19 +126,8 @@ def plot(rows: list[dict[str, Any]], metric: str, path: Path) -> None:
 
 
 def main(args: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(
-        prog="python -m project.scaling",
-        description="Train on shares of the training data and plot the test metric against them.",
-    )
-    parser.add_argument("--fractions", default="0.1,0.25,0.5,1.0", help="comma-separated shares in (0, 1]")
-    parser.add_argument("--metric", default="test/acc", help="the test metric to plot")
-    args = list(sys.argv[1:] if args is None else args)
-    if "-h" in args or "--help" in args:
-        print_train_help(parser.format_help())
-    options, overrides = parser.parse_known_args(args)
-    fractions = parse_fractions(options.fractions)
-    if any(arg.startswith("--data.fraction") for arg in overrides):
-        raise UserError("--data.fraction: scaling sets it for each run; use --fractions")
+    options, overrides = parse_args(command_line(args))
+    fractions = options.fractions
     config = ConfigOnlyCLI(args=overrides).config  # checks the overrides before any run
     folder, named = output_folder(config)
     folder.mkdir(parents=True)

@@ -83,7 +83,7 @@ def test_the_large_dataset_is_the_small_one_listed_eight_times(tmp_path):
 
 @pytest.mark.slow
 def test_bench_json_holds_every_figure_and_ratio(tiny_demo, capsys):
-    main(["--data", str(tiny_demo), "--quick", "--json"])
+    main(["--data", str(tiny_demo), "--quick=true", "--json=true"])
     lines = capsys.readouterr().out.strip().splitlines()
     result = json.loads(lines[-1])
     assert set(result["ratios"]) == set(RATIO_KEYS)

@@ -105,7 +105,7 @@ def test_the_data_module_trains_on_a_nested_seed_independent_prefix_and_keeps_va
 @pytest.mark.slow
 def test_scaling_trains_each_fraction_and_writes_a_csv_and_a_plot(tiny_demo, tmp_path):
     args = [
-        "--fractions=0.5,0.25",
+        "--fractions=[0.5,0.25]",
         f"--data.root={tiny_demo}",
         "--data.image_size=16",
         "--data.batch_size=32",

@@ -130,7 +130,9 @@ def test_photographs_are_cut_into_seeded_500_by_375_jpegs_that_prepare_shards(tm
         assert path.read_bytes() == (tmp_path / "b" / path.relative_to(tmp_path / "a")).read_bytes()
     from project.shards.prepare import prepare
 
-    prepare(str(tmp_path / "a" / "pictures"), tmp_path / "a", val_fraction=0, test_fraction=0, dedup="off", quiet=True)
+    prepare(
+        str(tmp_path / "a" / "pictures"), out=tmp_path / "a", val_fraction=0, test_fraction=0, dedup="off", quiet=True
+    )
     keys, labels = peer_data.photos_in(tmp_path / "a").labels()
     assert len(keys) == 7 and sorted(labels.values()) == [0, 0, 0, 0, 1, 1, 1]
 

@@ -109,7 +109,7 @@ def test_token_batches_are_checked_at_a_second_padded_length():
 def test_onnx_export_of_a_text_model_comes_with_its_tokenizer_and_keeps_parity_at_any_length(
     text_run, text_data, tmp_path
 ):
-    report = export(text_run, tmp_path, "--format=onnx", "--quantize=dynamic-int8")
+    report = export(text_run, tmp_path, "--format=onnx", "--quantize=[dynamic-int8]")
     fp32 = report["variants"][0]
     assert fp32["name"] == "fp32" and fp32["counts"]["samples"] == 60  # the whole test split
     assert fp32["max_abs_diff"] < 1e-4 and fp32["top1_agreement"] == 1.0
@@ -245,8 +245,8 @@ def config_l2_c(folder: Path) -> float:
 @pytest.mark.slow
 def test_tune_runs_two_tiny_trials_of_the_text_task_with_its_search_space(text_data, tmp_path):
     args = [
-        "--n-trials=2",
-        "--study-name=text",
+        "--n_trials=2",
+        "--study_name=text",
         "--config",
         str(TEXT_CONFIG),
         f"--data.root={text_data}",

@@ -1,7 +1,7 @@
 """Measure the input pipeline and the training loop side by side, in one run, on the same shards.
 
-    python -m project.bench [--task image|text] [--data DIR] [--workers N] [--json] [--repeats R] [--samples N]
-                            [--steps N] [--image-size S] [--quick]
+    python -m project.bench [--task image|text] [--data DIR] [--workers N] [--json true] [--repeats R]
+        [--samples N] [--steps N] [--image_size S] [--quick true]
 
 `--task text` measures the text task's loader instead (see project/bench/text.py); what follows is the
 image task's bench, the default.
@@ -33,17 +33,18 @@ The loader's training order in (b) also gives `shuffle_entropy`: the mean label 
 that of a full random permutation of the same labels (1.0 is as mixed as a full shuffle).
 
 Each figure is the median of R repeats, run interleaved so that a busy machine slows all of them alike.
-With --json the last line is one JSON object: every run's figure, the medians and the ratios.
+With `--json true` the last line is one JSON object: every run's figure, the medians and the ratios.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Literal
 
 import torch
 import yaml
@@ -65,6 +66,7 @@ from project.bench.text import ensure_text_demo, measure_text, summarize_text, t
 from project.bench.training import template_rate
 from project.callbacks.threads import fixed_threads
 from project.cli import DEFAULT_CONFIG
+from project.commands import run_command
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 from project.data.workers import warm_forkserver
@@ -84,7 +86,7 @@ def data_settings() -> dict:
     return {key: data[key] for key in keys if key in data}
 
 
-def measure(args: argparse.Namespace, scratch: Path) -> dict:
+def measure(args: SimpleNamespace, scratch: Path) -> dict:
     """Every figure of the benchmark: {name: [one value per repeat]}, plus the settings used."""
     settings = data_settings()
     if args.image_size is not None:
@@ -142,7 +144,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     try:
         for repeat in range(args.repeats):
             logs = scratch / f"logs{repeat}"
-            template, hand_loop = template_rate(args.data, index, workers, args.steps, logs, size)
+            template, hand_loop = template_rate(args.data, index, workers, args.steps, logs=logs, image_size=size)
             runs["template"].append(template)
             runs["hand_loop"].append(hand_loop())
         training_threads = torch.get_num_threads()
@@ -165,29 +167,50 @@ def measure(args: argparse.Namespace, scratch: Path) -> dict:
     }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m project.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--task", choices=("image", "text"), default="image", help="the task whose loader to measure")
-    parser.add_argument("--data", help="a folder with a train/ split (default: the task's demo)")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers and decoding/tokenizing processes")
-    parser.add_argument("--json", action="store_true", help="end with one line of JSON: figures and ratios")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of each measurement (medians)")
-    parser.add_argument("--samples", type=int, default=20000, help="training samples the loaders read")
-    parser.add_argument("--steps", type=int, default=60, help="training steps of (e)")
-    parser.add_argument("--image-size", type=int, default=None, help="training image size (default: the config's)")
-    parser.add_argument("--quick", action="store_true", help="1 repeat, 512 samples, 6 steps: a smoke run")
-    args = parser.parse_args(argv)
-    if args.data is None:
-        args.data = str(TEXT_DEMO_ROOT if args.task == "text" else DEMO_ROOT)
-    if args.quick:
-        args.repeats, args.samples, args.steps = 1, min(args.samples, 512), min(args.steps, 6)
-    if args.workers < 0 or args.repeats < 1 or args.samples < 1 or args.steps < 2:
+def options(
+    *,
+    task: Literal["image", "text"] = "image",
+    data: str | None = None,
+    workers: int = 2,
+    json: bool = False,
+    repeats: int = 3,
+    samples: int = 20000,
+    steps: int = 60,
+    image_size: int | None = None,
+    quick: bool = False,
+) -> SimpleNamespace:
+    """Measure the input pipeline and the training loop side by side, in one run, on the same shards.
+
+    Args:
+        task: the task whose loader to measure.
+        data: a folder with a train/ split (default: the task's demo).
+        workers: DataLoader workers and decoding/tokenizing processes.
+        json: end with one line of JSON: figures and ratios.
+        repeats: repeats of each measurement (medians).
+        samples: training samples the loaders read.
+        steps: training steps of (e).
+        image_size: training image size (default: the config's).
+        quick: 1 repeat, 512 samples, 6 steps: a smoke run.
+    """
+    if quick:
+        repeats, samples, steps = 1, min(samples, 512), min(steps, 6)
+    if workers < 0 or repeats < 1 or samples < 1 or steps < 2:
         raise UserError("--workers must be >= 0, --repeats and --samples >= 1, --steps >= 2")
-    return args
+    demo = TEXT_DEMO_ROOT if task == "text" else DEMO_ROOT
+    return SimpleNamespace(
+        task=task,
+        data=str(demo) if data is None else data,
+        workers=workers,
+        json=json,
+        repeats=repeats,
+        samples=samples,
+        steps=steps,
+        image_size=image_size,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+    args = run_command(options, "project.bench", argv)
     if args.task == "text":
         return text_main(args)
     if Path(args.data).resolve() == DEMO_ROOT.resolve():
@@ -202,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def text_main(args: argparse.Namespace) -> dict:
+def text_main(args: SimpleNamespace) -> dict:
     data = Path(args.data)
     ensure_text_demo(data)
     with tempfile.TemporaryDirectory(prefix="bench-text-") as scratch:

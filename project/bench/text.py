@@ -70,7 +70,7 @@ def machine_state() -> dict:
 def find_tokenizer(data: Path) -> Path:
     path = data / "train" / FILE_NAME
     if not path.is_file():
-        raise UserError(f"--data {data}: no {path} (train it with python -m project.data.tokenizer {data})")
+        raise UserError(f"--data {data}: no {path} (train it with python -m project.tasks.text.tokenizer {data})")
     return path
 
 

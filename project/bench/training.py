@@ -40,7 +40,7 @@ def steady_rate(times: list[float], batch_size: int) -> float:
     return (len(times) - 1) * batch_size / (times[-1] - times[0])
 
 
-def template_run(root: str, index: Path, workers: int, steps: int, logs: Path, image_size: int):  # noqa: ANN201
+def template_run(root: str, index: Path, workers: int, steps: int, *, logs: Path, image_size: int):  # noqa: ANN201
     """The Trainer, model and data module as `project.train` builds them, for `steps` training steps."""
     args = [
         f"--data.root={root}",
@@ -59,11 +59,11 @@ def template_run(root: str, index: Path, workers: int, steps: int, logs: Path, i
 
 
 def template_rate(
-    root: str, index: Path, workers: int, steps: int, logs: Path, image_size: int
+    root: str, index: Path, workers: int, steps: int, *, logs: Path, image_size: int
 ) -> tuple[float, Callable[[], float]]:
     """Samples/s of the template, and a function that runs the hand loop on a copy of the same model
     and a fresh copy of the same data module (so the same batches) and returns its samples/s."""
-    cli = template_run(root, index, workers, steps, logs, image_size)
+    cli = template_run(root, index, workers, steps, logs=logs, image_size=image_size)
     model, data = copy.deepcopy(cli.model), copy.deepcopy(cli.datamodule)
     clock = StepClock()
     cli.trainer.callbacks.append(clock)
