@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from project.callbacks.baseline import baseline_path, splits_fingerprint
-from project.commands import arguments, command_parser, modernized, option_names
+from project.cli_help import redacted_print_config
+from project.commands import arguments, command_line, command_parser
 from project.data.atomic import write_json_atomically
 from project.errors import UserError, run_main
 from project.tasks.text.data import TextShards
@@ -30,6 +31,7 @@ MODULE = "project.baseline"
 
 
 def options(
+    *,
     name: str = "text",
     save_dir: str = "logs",
     C: list[float] = [0.03, 0.1, 0.3, 1.0, 3.0],  # noqa: B006 - jsonargparse reads the default; never mutated
@@ -112,13 +114,12 @@ def baseline(data: TextShards, **kwargs: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    import sys
-
     parser = command_parser(options, MODULE)
     parser.add_class_arguments(TextShards, "data", fail_untyped=False, skip={"predict"})
     parser.set_defaults({"data.num_workers": 0})  # read here, in this process: no loader workers
-    given = list(sys.argv[1:] if argv is None else argv)
-    config = parser.parse_args(modernized(given, option_names(parser)))
+    given = command_line(argv)
+    with redacted_print_config(given):  # jsonargparse prints --print_config inside the parse
+        config = parser.parse_args(given)
     kwargs = arguments(parser, config)
     return baseline(kwargs.pop("data"), **kwargs)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -18,18 +18,16 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from project.callbacks.checkpoint_io import (
     check_checkpoint,
     is_local,
-    load_checkpoint_file,
     local_checkpoint,
     use_atomic_checkpoints,
 )
 from project.callbacks.save_config import RedactedSaveConfig
 from project.callbacks.template import add_callback_sections, chosen
 from project.callbacks.threads import fixed_threads, loader_threads, threads_fixed_by_user
-from project.cli_help import RedactedErrors, print_help, redacted_print_config
-from project.commands import started_as
+from project.cli_help import HelpRequested, RedactedErrors, print_help, redacted_print_config
+from project.commands import command_line, started_as
 from project.data.datamodule import ShardDataModule
 from project.errors import UserError, allocation_failure, causes, largest_settings, user_error_in
-from project.run_folder import config_beside, config_file, recorded_config_hash, run_config, run_document, task_classes
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -66,10 +64,9 @@ class ProjectCLI(LightningCLI):
     Args:
         args: command-line arguments (default: sys.argv[1:]).
         extra_config_files: config files applied after default.yaml and before `--config` files.
-        from_checkpoint: the model's weights will come from a checkpoint (evaluate, predict, export): no
-            logger (no version folder beside the run), no pretrained weights to download or find; given as the
-            checkpoint's path, the model is rebuilt from its run folder's config, read as data
-            (`project/run_folder.py`).
+        from_checkpoint: the model's weights will come from a checkpoint (evaluate, predict, export: see
+            `checkpoint_cli.CheckpointCLI`, which rebuilds the model from its run folder's config): no logger (no
+            version folder beside the run), no pretrained weights to download or find.
         **kwargs: passed on to LightningCLI.
     """
 
@@ -77,7 +74,7 @@ class ProjectCLI(LightningCLI):
         self,
         args: list[str] | None = None,
         extra_config_files: list[str] = (),
-        from_checkpoint: bool | str = False,
+        from_checkpoint: bool = False,
         **kwargs: Any,
     ) -> None:
         if not DEFAULT_CONFIG.exists():
@@ -85,23 +82,23 @@ class ProjectCLI(LightningCLI):
         import project.tasks.image  # noqa: F401 - the built-in tasks' classes, known to --model and --data by name
         import project.tasks.text  # noqa: F401
 
-        given = list(sys.argv[1:] if args is None else args)
+        given = command_line(args)
         self.from_checkpoint = from_checkpoint
         self.run_config_path: Path | None = None  # the run folder's config.yaml, once read
         if from_checkpoint:
-            args = given = [*given, "--trainer.logger", "false"]  # last: a --config file may set a logger
-        # no abbreviations: `--print_conf=` would print the configuration past redacted_print_config's check
+            given = [*given, "--trainer.logger", "false"]  # last: a --config file may set a logger
+        # no abbreviations: `--print_conf=` would print the configuration past redacted_print_config's check;
+        # --help is HelpRequested's, shown once the configuration says which classes
         parser_kwargs = {"default_config_files": [str(DEFAULT_CONFIG), *extra_config_files], "prog": started_as()}
-        parser_kwargs["allow_abbrev"] = False
+        parser_kwargs |= {"allow_abbrev": False, "add_help": False}
         parser_kwargs.update(kwargs.pop("parser_kwargs", {}))
-        self.help_requested = "-h" in given or "--help" in given
         super().__init__(
             L.LightningModule,
             ShardDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
             run=False,
-            args=[arg for arg in given if arg not in ("-h", "--help")] if self.help_requested else args,
+            args=given,
             parser_kwargs=parser_kwargs,
             # evaluate, predict and export save no config: no run folder (a config.yaml of the working folder
             # would be overwritten), and the checkpoint's run has one
@@ -114,6 +111,9 @@ class ProjectCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
+            "-h", "--help", action=HelpRequested, help="Show this help, and the chosen classes' options."
+        )
+        parser.add_argument(
             "--ckpt_path",
             type=str | None,
             default=None,
@@ -125,37 +125,13 @@ class ProjectCLI(LightningCLI):
             parser.link_arguments(f"data.{attribute}", f"model.init_args.{argument}", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """LightningCLI's parse, with `--print_config` redacted; from a checkpoint, the parts of its run's
-        config.yaml that rebuild its model come after configs/default.yaml, before the user's own configs and
-        flags (it is read only once the user's own configuration says which checkpoint and classes)."""
-        args = sys.argv[1:] if args is None else args
+        """LightningCLI's parse, with `--print_config` redacted."""
+        args = command_line(args)
         with redacted_print_config(args):
-            run = self.run_folder_config(parser, args) if self.from_checkpoint else None
-            if run is None:
-                super().parse_arguments(parser, args)
-                return
-            with config_file(run) as path:  # a file of ours: never one of that name in the working folder
-                super().parse_arguments(parser, ["--config", str(path), *args])
-
-    def run_folder_config(self, parser: LightningArgumentParser, args: list[str]) -> dict | None:
-        """What the checkpoint's run folder gives to rebuild its model (`project.run_folder`), once the user's
-        own configuration (parsed beside the run's task classes) says which classes are theirs."""
-        ckpt_path = self.from_checkpoint if isinstance(self.from_checkpoint, str) else None
-        if not ckpt_path or not is_local(ckpt_path) or config_beside(ckpt_path) is None:
-            return None  # a URL's checkpoint has no run folder: the user's --config gives its run's config
-        found = run_document(ckpt_path, recorded_config_hash(load_checkpoint_file(ckpt_path)))
-        if found is None:
-            return None
-        path, document = found
-        self.run_config_path = path
-        own = [arg for arg in args if not arg.startswith("--print_config")]
-        with config_file(task_classes(document)) as classes:
-            super().parse_arguments(parser, ["--config", str(classes), *own])
-        user, defaults = self.config.as_dict(), parser.get_defaults().as_dict()
-        return run_config(path, document, user, defaults, parser.prog)
+            super().parse_arguments(parser, args)
 
     def before_instantiate_classes(self) -> None:
-        if self.help_requested:
+        if getattr(self.parser, "help_requested", False):
             print_help(self.parser, self.config, {argument for _, argument in LINKS})
             raise SystemExit(0)
         if self.from_checkpoint:
@@ -218,20 +194,21 @@ class ProjectCLI(LightningCLI):
 
 
 def tokenizer_of_pretrained(config: Any) -> None:
-    """A pretrained text encoder's folder is also the data's tokenizer, unless data.tokenizer names one:
-    the model's embeddings mean its own tokenizer's ids."""
+    """A pretrained text encoder's folder (model.encoder.folder) is also the data's tokenizer, unless
+    data.tokenizer names one: the model's embeddings mean its own tokenizer's ids."""
     model, data = (getattr(config.get(section), "init_args", None) for section in ("model", "data"))
-    folder = model.get("pretrained") if model is not None else None
+    encoder = getattr(model.get("encoder") if model is not None else None, "init_args", None)
+    folder = encoder.get("folder") if encoder is not None else None
     if isinstance(folder, str) and not Path(folder).is_dir():  # the weights and the tokenizer are both read there
         raise UserError(
-            f"model.pretrained: no folder {folder}: save a Hugging Face encoder there first (on a machine with network "
-            f"access: hf download sentence-transformers/all-MiniLM-L6-v2 --local-dir {folder}); nothing is downloaded "
-            "at run time"
+            f"model.encoder.folder: no folder {folder}: save a Hugging Face encoder there first (on a machine with "
+            f"network access: hf download sentence-transformers/all-MiniLM-L6-v2 --local-dir {folder}); nothing is "
+            "downloaded at run time"
         )
-    if model is None or data is None or not folder or "tokenizer" not in data:
+    if data is None or not isinstance(folder, str) or "tokenizer" not in data:
         return
     if data.get("tokenizer") is None:
-        data["tokenizer"] = model["pretrained"]
+        data["tokenizer"] = folder
 
 
 class ConfigOnlyCLI(ProjectCLI):
@@ -250,30 +227,6 @@ class ConfigOnlyCLI(ProjectCLI):
                 data.index(split)
 
 
-class EvaluateCLI(ProjectCLI):
-    """ProjectCLI plus `--split`, for project.evaluate."""
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_argument("--split", type=Literal["val", "test"], default="test", help="The split to evaluate.")
-
-
-class PredictCLI(ProjectCLI):
-    """ProjectCLI plus predict's output options, for project.predict."""
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_argument("--out", type=str | None, default=None, help="The .jsonl or .parquet file to write.")
-        parser.add_argument("--top_k", type=int, default=5, help="Classes listed per row, most probable first.")
-        parser.add_argument("--embeddings", type=bool, default=False, help="Add each sample's embedding.")
-        parser.add_argument(
-            "--log_probs",
-            type=bool,
-            default=False,
-            help="Add every class's calibrated log-probability, for python -m project.ensemble.",
-        )
-
-
 def print_train_help(usage: str) -> None:
     """An entry point's own --help (`usage`), then the train options it passes on to its runs."""
     print(f"{usage}\nEvery other argument is a train option, as `python -m project.train` takes it:\n")
@@ -282,10 +235,16 @@ def print_train_help(usage: str) -> None:
 
 def without_pretrained_weights(config: Any) -> None:
     """From a checkpoint, a model needs no pretrained weights: the checkpoint holds every weight, so
-    neither a download nor the original file is needed (for models with a `weights` argument)."""
-    init_args = getattr(config.get("model"), "init_args", None)
-    if init_args is not None and "weights" in init_args:
-        init_args.weights = None
+    neither a download nor the original file is needed (for a model, or a part of it such as its backbone,
+    with a `weights` argument); a run folder's weights (a stranger's file or download) are never read."""
+    parts = [config.get("model")]
+    while parts:
+        init_args = getattr(parts.pop(), "init_args", None)
+        if init_args is None:
+            continue
+        if "weights" in init_args:
+            init_args.weights = None
+        parts += [value for value in vars(init_args).values() if hasattr(value, "init_args")]
 
 
 def share_cores_with_workers(num_workers: int, processes: int = 1) -> None:

@@ -10,7 +10,7 @@ import io
 import sys
 from typing import Any, NoReturn
 
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 
 from project.redact import redact_text, redact_value
 
@@ -21,6 +21,17 @@ class RedactedErrors:
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         super().error(redact_text(message), ex)  # type: ignore[misc]
+
+
+class HelpRequested(argparse.Action):
+    """`-h`/`--help` noted on the parser, not printed at once: the help lists the options of the classes that the
+    whole command line picks (`--model`, `--data`, `--config`), so it is printed once they are parsed."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        parser.help_requested = True
 
 
 @contextlib.contextmanager
@@ -59,9 +70,12 @@ def print_help_sections(parser: ArgumentParser, config: Any, linked_model_argume
         classes = ArgumentParser(prog=parser.prog, usage=argparse.SUPPRESS)
         classes.add_class_arguments(import_class(class_path), nested_key=section, fail_untyped=False, skip=linked)
         init_args = getattr(chosen, "init_args", None)
-        given = init_args.items() if init_args is not None else ()
+        given = init_args.items(branches=True, nested=False) if init_args is not None else ()  # a class: a Namespace
         # redacted before argparse lays the help out: it may break a URL across lines (at a hyphen)
-        defaults = {f"{section}.{key}": redact_value(value) for key, value in given if key not in linked}
+        # a class given as a setting (`model.backbone`) keeps its own default: jsonargparse would set its keys one by
+        # one (`model.backbone.class_path`), which are no options
+        shown = [(key, value) for key, value in given if key not in linked and not isinstance(value, Namespace)]
+        defaults = {f"{section}.{key}": redact_value(value) for key, value in shown}
         classes.set_defaults(defaults)  # the configuration's values, not the class's own defaults
         print(f"\n{section} ({class_path}; pick another with --{section} CLASS):")
         print(classes.format_help().split("\n", 2)[-1])

@@ -4,54 +4,24 @@
 
 The model is rebuilt from the run's own config.yaml (next to its checkpoints/ folder), read as data after
 configs/default.yaml (project/run_folder.py): its model and what its samples become, never where its data is:
-the split comes from your configs and flags (--data.root DIR or --data.test SPEC). The metrics are printed
-as a table, then as one JSON object on the last line, for scripts.
+the split comes from your configs and flags (--data.root DIR or --data.test SPEC). `--ckpt_path` may stand in a
+--config file too; a flag of the checkpoint's task's own settings (`--data.max_tokens` for a text model) needs that
+task named when your configuration's is another (`--data TextShards`, or the task's config). The metrics are
+printed as a table, then as one JSON object on the last line, for scripts.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from pathlib import Path
 
-from project.data.workers import start_forkserver_for
-from project.errors import UserError, run_main
-from project.tasks import WORKER_MODULES
-
-
-def early_arguments(args: list[str], *options: str) -> argparse.Namespace:
-    """What is read before the full parse (the checkpoint decides which run config to load): --ckpt_path,
-    -h, --print_config, and `options` (names such as "--out"; "--data.predict" is read as `predict`)."""
-    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # as the full parse: no abbreviations
-    early.add_argument("--ckpt_path")
-    early.add_argument("-h", "--help", action="store_true")
-    early.add_argument("--print_config", nargs="?", const=True)
-    for option in options:
-        early.add_argument(option, dest=option.lstrip("-").rpartition(".")[2])
-    return early.parse_known_args(args)[0]
-
-
-def check_checkpoint_given(known: argparse.Namespace, purpose: str) -> None:
-    """--ckpt_path is given and, when local, exists (`purpose`: "evaluate", "predict with")."""
-    from project.callbacks.checkpoint_io import is_local
-
-    if known.ckpt_path is None:
-        raise UserError(f"--ckpt_path is required: the checkpoint to {purpose}")
-    if is_local(known.ckpt_path) and not Path(known.ckpt_path).is_file():
-        raise UserError(f"checkpoint not found: {known.ckpt_path}")
+from project.errors import run_main
 
 
 def main(args: list[str] | None = None) -> dict[str, float]:
-    args = list(sys.argv[1:] if args is None else args)
-    known = early_arguments(args)
-    if not (known.help or known.print_config):
-        check_checkpoint_given(known, "evaluate")
-        start_forkserver_for(args, WORKER_MODULES)  # before the imports below, beside them
     # imported here: the workers' server runs this module too (project/data/workers.py, `preload`)
-    from project.cli import EvaluateCLI
+    from project.checkpoint_cli import EvaluateCLI
 
-    cli = EvaluateCLI(args=args, from_checkpoint=known.ckpt_path or True)
+    cli = EvaluateCLI(args=args)
     run = cli.trainer.validate if cli.config.split == "val" else cli.trainer.test
     results = run(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
     metrics = {key: float(value) for result in results for key, value in result.items()}

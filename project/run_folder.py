@@ -32,7 +32,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,18 +105,6 @@ def run_document(ckpt_path: str | Path, recorded: str | None) -> tuple[Path, dic
     return path, document
 
 
-def task_classes(document: dict) -> dict:
-    """The run's classes that are the project's tasks (`{"model": {"class_path": CLASS}}`): the user's flags for
-    that task's settings (`--data.tokenizer`) parse beside them."""
-    classes = {}
-    for section in ("model", "data"):
-        part = document.get(section)
-        class_path = part.get("class_path") if isinstance(part, dict) else None
-        if allowed_class(class_path, set()):
-            classes[section] = {"class_path": class_path}
-    return classes
-
-
 @contextlib.contextmanager
 def config_file(config: dict) -> Iterator[Path]:
     """`config` as a YAML file of this user's alone (removed after), for jsonargparse's `--config`: given a string
@@ -131,19 +119,17 @@ def config_file(config: dict) -> Iterator[Path]:
         Path(name).unlink(missing_ok=True)
 
 
-def run_config(path: Path, document: dict, user: dict, defaults: dict, purpose: str) -> dict:
-    """The parts of a run config that rebuild its model (see the module's docstring).
+def run_config(path: Path, document: dict, named: Container[str]) -> dict:
+    """The parts of a run config that rebuild its model (see the module's docstring), checked.
 
     Args:
         path: the config.yaml, for messages.
         document: its plain YAML (`run_document`).
-        user: the user's own configuration as a dict (defaults, --config files, flags).
-        defaults: the configuration without the user's --config files and flags (configs/default.yaml).
-        purpose: the command, for messages.
+        named: the class paths the user's own configuration names (`classes_named`), asked only about a class
+            that is not one of the project's tasks.
     """
     kept = rebuilt_sections(document, path)
-    check_values(kept, path, classes_named(user))
-    check_data_given(document, user, defaults, purpose)
+    check_values(kept, path, named)
     return kept
 
 
@@ -180,7 +166,7 @@ def rebuilt_sections(document: dict, path: Path) -> dict:
     return kept
 
 
-def check_values(kept: dict, path: Path, named: set[str]) -> None:
+def check_values(kept: dict, path: Path, named: Container[str]) -> None:
     """Every class_path a project task or one the user names, and a setting whose type admits a class given
     only as one; no `pipe:` command; a bounded tree (values, and characters: aliases repeat a long string).
     Each value's place is a link to its parent's, spelled out only for a message."""
@@ -196,23 +182,7 @@ def check_values(kept: dict, path: Path, named: set[str]) -> None:
             size = f"{MAX_NODES:,} values" if nodes < 0 else f"{MAX_CHARACTERS:,} characters"
             raise UserError(f"{path}: more than {size}, more than a run config holds")
         if isinstance(value, dict):
-            class_path = value.get("class_path")
-            if class_path is not None and not allowed_class(class_path, named):
-                raise UserError(
-                    f"{path}: {where(at)}.class_path {shown(class_path)!r} is neither one of the project's tasks "
-                    "nor a class your configs name: a run folder's config may not import it (give the run's config "
-                    "with --config FILE if you trust it)"
-                )
-            for key, item in value.items():
-                if callable(kind):  # a class's init_args: each setting as its type says
-                    inner = kind(key)
-                elif class_path is None:
-                    inner = kind
-                elif key == "init_args" and isinstance(item, dict):
-                    inner = class_settings(class_path)
-                else:
-                    inner = None if key == "class_path" else frozenset()
-                stack.append(((at, ".", key), item, inner))
+            stack.extend(dict_items(path, at, value, kind, named))
         elif isinstance(value, list):
             stack.extend(((at, "[]", i), item, kind) for i, item in enumerate(value))
         elif isinstance(value, str) and value.lstrip().startswith("pipe:"):
@@ -225,6 +195,29 @@ def check_values(kept: dict, path: Path, named: set[str]) -> None:
                 "not import: give it as a class_path of one of the project's tasks (or give the run's config with "
                 "--config FILE if you trust it)"
             )
+
+
+def dict_items(path: Path, at: tuple, value: dict, kind: Any, named: Container[str]) -> list[tuple[tuple, Any, Any]]:
+    """A mapping's items for `check_values`, each with what it may be, once its class_path is allowed."""
+    class_path = value.get("class_path")
+    if class_path is not None and not allowed_class(class_path, named):
+        raise UserError(
+            f"{path}: {where(at)}.class_path {shown(class_path)!r} is neither one of the project's tasks "
+            "nor a class your configs name: a run folder's config may not import it (give the run's config "
+            "with --config FILE if you trust it)"
+        )
+    items = []
+    for key, item in value.items():
+        if callable(kind):  # a class's init_args: each setting as its type says
+            inner = kind(key)
+        elif class_path is None:
+            inner = kind
+        elif key == "init_args" and isinstance(item, dict):
+            inner = class_settings(class_path)
+        else:
+            inner = None if key == "class_path" else frozenset()
+        items.append(((at, ".", key), item, inner))
+    return items
 
 
 def where(at: tuple | None) -> str:
@@ -241,13 +234,13 @@ def shown(value: Any) -> str:
     return value[:200] if isinstance(value, str) else abbreviated(value, 200, levels=2)
 
 
-def allowed_class(class_path: Any, named: set[str]) -> bool:
+def allowed_class(class_path: Any, named: Container[str]) -> bool:
     """One of the project's task classes (checked before anything is imported: only `project.tasks.*`
     modules are), or a class path the user's own configuration names."""
-    if not isinstance(class_path, str):
-        return False
-    if class_path in named:
-        return True
+    return isinstance(class_path, str) and (task_class(class_path) or class_path in named)
+
+
+def task_class(class_path: str) -> bool:
     module, _, name = class_path.rpartition(".")
     if not (module + ".").startswith(TASKS) or not name.isidentifier():
         return False

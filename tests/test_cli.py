@@ -71,15 +71,15 @@ def test_a_short_run_writes_its_run_folder_and_evaluate_reproduces_its_test_metr
     assert_user_error(unsaid, f"read its data from data.root='{tiny_demo}'", "give yours with --data.root")
 
     # a stranger's run folder whose config.yaml asks for a model larger than any machine: one line, no traceback
-    config["model"]["init_args"]["width"] = 10**11
+    config["model"]["init_args"]["backbone"]["init_args"]["width"] = 10**11
     record_run_config(ckpt, yaml.safe_dump(config))
     huge = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
-    assert_user_error(huge, "ran out of memory", "GB in one piece", "model.width=100000000000")
+    assert_user_error(huge, "ran out of memory", "GB in one piece", "model.backbone.width=100000000000")
 
 
 def test_a_size_setting_that_asks_for_more_memory_than_there_is_is_one_line(tiny_demo, tmp_path):
-    result = run_here("project.train", *small_run(tiny_demo, "--model.width=100000000000"), cwd=tmp_path)
-    assert_user_error(result, "building the model and data ran out of memory", "model.width=100000000000")
+    result = run_here("project.train", *small_run(tiny_demo, "--model.backbone.width=100000000000"), cwd=tmp_path)
+    assert_user_error(result, "building the model and data ran out of memory", "model.backbone.width=100000000000")
 
 
 def test_training_builds_the_missing_demo_data_first(tmp_path):
@@ -97,7 +97,11 @@ def test_print_config_shows_the_resolved_defaults_from_any_directory(tmp_path):
     config = yaml.safe_load(result.stdout)
     assert config["data"]["class_path"] == "project.tasks.image.ImageShards"
     assert config["data"]["init_args"]["batch_size"] == 7 and config["data"]["init_args"]["root"] == "data/demo"
-    assert config["model"]["init_args"]["backbone"] == "small_cnn"
+    backbone = config["model"]["init_args"]["backbone"]
+    assert backbone == {
+        "class_path": "project.tasks.image.backbones.SmallCNN",
+        "init_args": {"width": 16, "weights": None},
+    }
     assert config["trainer"]["logger"]["init_args"]["save_dir"] == "logs"
 
 
@@ -143,6 +147,13 @@ def test_evaluate_needs_an_existing_checkpoint(tmp_path):
     assert_user_error(run_here("project.evaluate", cwd=tmp_path), "--ckpt_path is required")
     result = run_here("project.evaluate", "--ckpt_path=missing.ckpt", cwd=tmp_path)
     assert_user_error(result, "checkpoint not found: missing.ckpt")
+    # one parser: the checkpoint named in a --config file is the one, as a flag's is
+    (tmp_path / "evaluate.yaml").write_text("ckpt_path: other.ckpt\nsplit: val\n")
+    result = run_here("project.evaluate", "--config=evaluate.yaml", cwd=tmp_path)
+    assert_user_error(result, "checkpoint not found: other.ckpt")
+    assert_user_error(run_here("project.predict", "--ckpt_path=missing.ckpt", cwd=tmp_path), "checkpoint not found")
+    help_shown = run_here("project.evaluate", "--help", cwd=tmp_path)  # no checkpoint needed for the help
+    assert help_shown.returncode == 0 and "--split" in help_shown.stdout
 
 
 def test_a_bad_data_setting_stops_before_the_demo_is_built(tmp_path):

@@ -89,7 +89,7 @@ def test_training_time_pruning_leaves_zeroed_weights_in_the_checkpoint(trained_r
 
 
 def test_onnx_export_keeps_parity_and_int8_and_pruning_stay_close(trained_run, tmp_path):
-    report = export(trained_run, tmp_path, "--format=onnx", "--quantize", "static-int8", "dynamic-int8", "--prune=0.5")
+    report = export(trained_run, tmp_path, "--format=onnx", "--quantize=[static-int8,dynamic-int8]", "--prune=0.5")
     variants = by_name(report)
     quantized = {"static-int8", "dynamic-int8", "pruned-0.5+static-int8", "pruned-0.5+dynamic-int8"}
     assert set(variants) == {"fp32", "pruned-0.5"} | quantized
@@ -130,4 +130,4 @@ def test_torchscript_export_keeps_parity(trained_run, tmp_path):
 
 def test_quantizing_torchscript_is_refused_in_one_line(trained_run, tmp_path):
     with pytest.raises(UserError, match="--quantize dynamic-int8 needs --format onnx"):
-        export(trained_run, tmp_path, "--format=torchscript", "--quantize=dynamic-int8")
+        export(trained_run, tmp_path, "--format=torchscript", "--quantize=[dynamic-int8]")

@@ -5,6 +5,7 @@ names the data, or is read for a checkpoint that is not its own."""
 from __future__ import annotations
 
 import hashlib
+import pickle
 import shutil
 from pathlib import Path
 
@@ -88,6 +89,8 @@ def test_a_strangers_run_folder_runs_no_command_imports_no_callback_and_names_no
     data["cache_dir"] = str(markers / "cache")  # where to write is the user's to say
     config["trainer"]["callbacks"] = [{"class_path": "evil_module.Evil"}]
     config["trainer"]["default_root_dir"] = str(markers / "root")
+    # the backbone's weights file: never read (the checkpoint holds every weight), so never unpickled
+    config["model"]["init_args"]["backbone"]["init_args"]["weights"] = str(unpickling_file(tmp_path, markers))
     config["ckpt_path"] = "pipe:touch " + str(markers / "ckpt")
     record_run_config(ckpt, yaml.safe_dump(config))
 
@@ -125,6 +128,52 @@ def test_a_strangers_run_folder_runs_no_command_imports_no_callback_and_names_no
     assert list(markers.iterdir()) == [], "something the stranger's config.yaml named ran, was imported or written"
 
 
+def unpickling_file(folder: Path, markers: Path) -> Path:
+    """A weights file whose pickle, if loaded without `weights_only`, leaves a marker."""
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (markers / "unpickled",))
+
+    path = folder / "weights.pth"
+    path.write_bytes(pickle.dumps({"0.0.weight": Payload()}))
+    return path
+
+
+def test_without_pretrained_weights_clears_a_backbones_weights_at_any_depth():
+    """From a checkpoint, no part of the model reads weights of its own: neither a file nor a download."""
+    from jsonargparse import Namespace
+
+    from project.cli import without_pretrained_weights
+
+    backbone = Namespace(class_path="project.tasks.image.backbones.TorchvisionBackbone")
+    backbone.init_args = Namespace(name="resnet18", weights="DEFAULT")
+    model = Namespace(class_path="project.tasks.image.ImageClassifier", init_args=Namespace(backbone=backbone))
+    config = Namespace(model=model)
+    without_pretrained_weights(config)
+    assert config.model.init_args.backbone.init_args.weights is None
+    assert config.model.init_args.backbone.init_args.name == "resnet18"
+
+
+def test_a_backbone_is_given_only_as_a_class_path_of_the_projects_tasks(tmp_path):
+    """The backbone's type admits a class: a run folder names it by a class_path of `project.tasks.*` (checked
+    before anything is imported), never by a string; its settings are checked by its own class's types."""
+    path, image = tmp_path / "config.yaml", "project.tasks.image.ImageClassifier"
+    for name, settings in (
+        ("TorchvisionBackbone", {"name": "x.y"}),
+        ("TimmBackbone", {"name": "x.y"}),
+        ("SmallCNN", {}),
+    ):
+        backbone = {"class_path": f"project.tasks.image.backbones.{name}", "init_args": {**settings, "weights": "a.b"}}
+        check_values({"model": {"class_path": image, "init_args": {"backbone": backbone}}}, path, set())
+    for refused in ("project.tasks.image.backbones.UserError", "project.tasks.image.backbones.nn", "torch.nn.Linear"):
+        backbone = {"class_path": refused}
+        with pytest.raises(UserError, match="model.init_args.backbone.class_path .* is neither one of the project"):
+            check_values({"model": {"class_path": image, "init_args": {"backbone": backbone}}}, path, set())
+    with pytest.raises(UserError, match="model.init_args.backbone names a class by a string"):
+        check_values({"model": {"class_path": image, "init_args": {"backbone": "small_cnn"}}}, path, set())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "where",
@@ -148,6 +197,26 @@ def test_a_class_that_is_neither_a_task_nor_the_users_is_one_line_and_never_impo
 
 
 @pytest.mark.slow
+def test_a_run_from_before_backbones_were_classes_is_one_line_and_its_checkpoint_alone_loads(
+    strangers_run, tiny_demo, tmp_path
+):
+    """A run config of the old form (`backbone: small_cnn`, `width: 16`) is not rebuilt: the string stands where a
+    class goes. Its weights have the names they had, so the checkpoint alone (outside a run folder) loads into the
+    model that the user's configs describe."""
+    ckpt, config, _ = strangers_run
+    init_args = config["model"]["init_args"]
+    init_args["backbone"], init_args["width"], init_args["weights"] = "small_cnn", 16, None
+    record_run_config(ckpt, yaml.safe_dump(config))
+    result = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
+    assert "model.init_args.backbone names a class by a string ('small_cnn')" in one_error_line(result)
+    alone = tmp_path / "alone.ckpt"
+    shutil.copy(ckpt, alone)
+    common = (f"--data.root={tiny_demo}", "--data.num_workers=0", "--trainer.enable_progress_bar=false")
+    result = run_here("project.evaluate", f"--ckpt_path={alone}", *common, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_only_the_checkpoints_own_run_config_is_read(trained_run, tiny_demo, tmp_path):
     """`--trainer.logger false` leaves config.yaml in the working folder: a checkpoint of another run put in
     its checkpoints/ must not be rebuilt from it; a checkpoint that records no config (older, or made
@@ -156,7 +225,7 @@ def test_only_the_checkpoints_own_run_config_is_read(trained_run, tiny_demo, tmp
     (folder / "checkpoints").mkdir(parents=True)
     shutil.copy(trained_run / "checkpoints" / "best.ckpt", folder / "checkpoints" / "other.ckpt")
     other = yaml.safe_load((trained_run / "config.yaml").read_text())
-    other["model"]["init_args"]["width"] = 8  # another run's model: the checkpoint's tensors would not fit
+    other["model"]["init_args"]["backbone"]["init_args"]["width"] = 8  # another run's: its tensors would not fit
     (folder / "config.yaml").write_text(yaml.safe_dump(other))
     args = (f"--ckpt_path={folder / 'checkpoints' / 'other.ckpt'}", f"--data.root={tiny_demo}", "--data.num_workers=0")
     result = run_here("project.evaluate", *args, "--trainer.enable_progress_bar=false", cwd=folder)
@@ -273,7 +342,7 @@ def test_a_class_named_by_a_string_where_a_class_may_go_is_one_line_and_never_im
 @pytest.mark.parametrize("width", [-3, 10**30])
 def test_a_run_config_whose_model_cannot_be_built_is_one_line(strangers_run, tiny_demo, tmp_path, width):
     ckpt, config, _ = strangers_run
-    config["model"]["init_args"]["width"] = width
+    config["model"]["init_args"]["backbone"]["init_args"]["width"] = width
     record_run_config(ckpt, yaml.safe_dump(config))
     result = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
     assert "config.yaml: its model and data cannot be built" in one_error_line(result)
@@ -285,7 +354,7 @@ def test_a_settings_string_is_read_only_where_its_type_admits_no_class(tmp_path)
         with pytest.raises(UserError, match=r"data.init_args.augment\S* names a class by a string"):
             check_values({"data": {"class_path": data, "init_args": {"augment": given}}}, path, set())
     check_values({"data": {"class_path": data, "init_args": {"augment": "strong", "classes": ["a.b"]}}}, path, set())
-    nested = {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"backbone": "x.y"}}
+    nested = {"class_path": "project.tasks.image.backbones.TorchvisionBackbone", "init_args": {"name": "x.y"}}
     check_values({"data": {"class_path": data, "init_args": {"augment": nested}}}, path, set())  # its own types
     kept = rebuilt_sections(
         {"data": {"class_path": data, "init_args": {"max_image_pixels": 1, "cache_dir": "/"}}}, path
@@ -358,7 +427,8 @@ def test_a_file_planted_in_the_run_folder_is_never_read_as_a_config_when_it_is_t
     folder: run from inside a stranger's run folder, a file they named so would be the run's whole config."""
     ckpt, _, markers = strangers_run
     run = ckpt.parent.parent
-    model = {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"width": 16}}
+    backbone = {"class_path": "project.tasks.image.backbones.SmallCNN", "init_args": {"width": 16}}
+    model = {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"backbone": backbone}}
     record_run_config(ckpt, yaml.safe_dump({"model": model}))
     planted = {"model": model, "trainer": {"callbacks": [{"class_path": "evil_module.Evil"}]}}
     (run / yaml.safe_dump({"model": model})).write_text(yaml.safe_dump(planted))  # the run config, as text
@@ -376,12 +446,12 @@ def test_a_run_config_starts_no_compiler_and_names_no_core_setting(tmp_path):
     from project.run_folder import rebuilt_sections
 
     document = {
-        "model": {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"compile": True, "width": 8}},
+        "model": {"class_path": "project.tasks.image.ImageClassifier", "init_args": {"compile": True, "lr": 0.1}},
         "data": {
             "class_path": "project.tasks.image.ImageShards",
             "init_args": {"root": "x", "num_workers": 64, "max_image_pixels": 10**15, "image_size": 16},
         },
     }
     kept = rebuilt_sections(document, tmp_path / "config.yaml")
-    assert kept["model"]["init_args"] == {"width": 8}
+    assert kept["model"]["init_args"] == {"lr": 0.1}
     assert kept["data"]["init_args"] == {"image_size": 16}

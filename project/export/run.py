@@ -45,8 +45,9 @@ import numpy as np
 from rich.console import Console
 
 from project.callbacks.checkpoint_io import is_local, load_checkpoint_file, local_checkpoint
+from project.checkpoint_cli import CheckpointCLI
 from project.cli import ProjectCLI, print_train_help
-from project.commands import Spellings, command_parser, parse_tool_arguments
+from project.commands import command_line, command_parser, parse_tool_arguments
 from project.data.atomic import replace_atomically, write_json_atomically
 from project.data.paths import check_output, make_folder
 from project.errors import UserError, run_main
@@ -110,13 +111,13 @@ def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
     if "-h" in args or "--help" in args:
         usage = command_parser(options, "project.export", config=False).format_help()
         print_train_help(usage + "\nThey override the run's config (e.g. --data.num_workers 0).")
-    given, overrides = parse_tool_arguments(options, "project.export", args, Spellings(lists=("--quantize",)))
+    given, overrides = parse_tool_arguments(options, "project.export", args)
     return options(**given), overrides
 
 
 def load_run(ckpt_path: Path, overrides: list[str]) -> ProjectCLI:
     """The run's model (with the checkpoint's weights, in eval mode, on the CPU) and data."""
-    cli = ProjectCLI(args=[f"--ckpt_path={ckpt_path}", *overrides], from_checkpoint=str(ckpt_path))
+    cli = CheckpointCLI(args=[f"--ckpt_path={ckpt_path}", *overrides], checkpoint=str(ckpt_path))
     checkpoint = load_checkpoint_file(ckpt_path)  # weights only: a file that would run code is refused
     state = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict):
@@ -213,7 +214,7 @@ def output_folder(out: Path | None, run: Path | None) -> Path:
 
 
 def main(args: list[str] | None = None) -> dict:
-    options, overrides = parse_args(list(sys.argv[1:] if args is None else args))
+    options, overrides = parse_args(command_line(args))
     given, remote = options.ckpt_path, not is_local(options.ckpt_path)
     options.ckpt_path = local_checkpoint(options.ckpt_path)  # a URL's copy, in a folder of this user's
     options.out = output_folder(options.out, None if remote else options.ckpt_path.resolve().parent.parent)
