@@ -63,7 +63,7 @@ def main() -> None:
             "prepare --workers 2 --dedup exact": (2, "exact"),
             "prepare --workers 2 --dedup near": (2, "near"),
         }
-        warm_forkserver(["project.shards.prepare"])  # as `python -m project.data.prepare` has it, untimed
+        warm_forkserver(["project.shards.prepare"])  # as `python -m project.shards.prepare` has it, untimed
         times: dict[str, list[float]] = {name: [] for name in [*runs, "tar -cf"]}
         for repeat in range(args.repeats):
             for name, (workers, dedup) in runs.items():

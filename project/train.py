@@ -11,14 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from project.data.workers import start_forkserver_for
 from project.errors import UserError, run_main
-from project.tasks import WORKER_MODULES
 
 
 def main(args: list[str] | None = None) -> None:
-    # before the imports below, so that the workers' server imports beside them
-    start_forkserver_for(sys.argv[1:] if args is None else args, WORKER_MODULES)
     # imported here: the workers' server runs this module too (project/data/workers.py, `preload`)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 

@@ -144,42 +144,35 @@ def test_the_server_preloads_the_stream_the_task_and_the_entry_point(monkeypatch
     assert MAIN_MODULE_VARIABLE not in os.environ
 
 
-@pytest.mark.parametrize(
-    ("args", "unlikely"),
-    [
-        ([], False),
-        (["--config", "configs/trainer/ddp_cpu.yaml", "--data.num_workers=4"], False),
-        (["--data.num_workers", "0"], True),
-        (["--data.num_workers=0", "--trainer.max_epochs=1"], True),
-        (["--data.worker_start=spawn"], True),
-        (["--data.worker_start", "forkserver"], False),
-        (["--help"], True),
-        (["--print_config"], True),
-        (["--print_config=skip_null"], True),
-    ],
-)
-def test_an_entry_point_starts_the_forkserver_early_unless_its_command_line_rules_workers_out(args, unlikely):
-    from project.data.workers import workers_unlikely
-
-    assert workers_unlikely(args) is unlikely
+WHO_STARTS_THE_SERVER = """
+import sys
+from multiprocessing import forkserver
+from project.cli import ProjectCLI
+for args in sys.argv[1:]:
+    ProjectCLI(args=args.split())
+    print(forkserver._forkserver._forkserver_pid is not None, flush=True)  # this process's server, if started
+"""
 
 
-def test_a_config_file_without_workers_starts_no_forkserver_unless_a_later_flag_asks(tmp_path):
-    from project.data.workers import workers_unlikely
-
+@pytest.mark.slow
+def test_the_parsed_configuration_decides_whether_the_forkserver_starts(demo, tmp_path):
+    """The data module starts the forkserver as it is built, and only when its configuration asks for workers
+    from it: a run with decode threads and no workers, from a flag or from a --config file, holds no idle
+    server (~0.3 GB); a later flag for workers starts it."""
     threads = tmp_path / "threads.yaml"
     threads.write_text("data:\n  init_args:\n    num_workers: 0\n    decode_threads: 2\n")
-    flat = tmp_path / "flat.yaml"
-    flat.write_text("data:\n  num_workers: 0\n")
-    assert workers_unlikely(["--config", str(threads)]) and workers_unlikely([f"--config={flat}"])
-    assert not workers_unlikely(["--config", str(threads), "--data.num_workers=2"])  # the later flag wins
-    assert workers_unlikely(["--data.num_workers=2", "--config", str(threads)])  # the later file wins
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("data: [unclosed")
-    other = tmp_path / "other.yaml"
-    other.write_text("trainer:\n  max_epochs: 1\n")
-    for config in (broken, other, tmp_path / "missing.yaml"):  # the CLI reports what is wrong; the server starts
-        assert not workers_unlikely(["--config", str(config)])
+    common = f"--data.root={demo} --data.image_size=16 --trainer.logger=false --trainer.enable_checkpointing=false"
+    runs = {
+        f"{common} --data.num_workers=0": False,
+        f"{common} --config {threads}": False,
+        f"{common} --data.num_workers=2 --data.worker_start=spawn": False,
+        f"{common} --config {threads} --data.num_workers=2": True,  # the later flag wins
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", WHO_STARTS_THE_SERVER, *runs], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [str(started) for started in runs.values()]
 
 
 KILLED_TRAINER = """

@@ -8,6 +8,10 @@ DDP test stage hanging on a worker that never started). Python 3.12 warns about 
 threads, and 3.14 made forkserver the default start method on Linux. The forkserver is a fresh, single-threaded
 interpreter that imports the data pipeline once; each worker is a fork of it (milliseconds), given the
 dataset by pickle.
+
+The data module starts the server as it is built, when its parsed configuration asks for workers from it
+(`num_workers` > 0, `worker_start` forkserver): its imports then run while the model and the trainer are
+built, and a run without workers (`decode_threads` in the training process) holds no idle server (~0.3 GB).
 """
 
 from __future__ import annotations
@@ -129,56 +133,6 @@ def warm_forkserver(modules: Sequence[str] = ()) -> None:
     process = worker_context("forkserver", modules).Process(target=os.getpid)
     process.start()
     process.join()
-
-
-def start_forkserver_for(args: list[str], modules: Sequence[str] = ()) -> None:
-    """Start the forkserver first thing in an entry point, so that its imports run beside the trainer's own
-    (some 3 s each here) instead of delaying the first batch by 2-3 s; unless `workers_unlikely(args)`.
-    `modules` are preloaded in the server too (see `preload`)."""
-    if not workers_unlikely(args):
-        start_forkserver(modules)
-
-
-def workers_unlikely(args: list[str]) -> bool:
-    """Whether a command line shows that it will start no forkserver worker: `--data.num_workers 0` (as a flag,
-    or in a `--config` file that no later flag overrides), another `--data.worker_start`, `--help` or
-    `--print_config`. Otherwise an idle server would hold some 0.3 GB beside a run with decode threads."""
-    options: dict[str, str] = {}
-    for i, arg in enumerate(args):
-        if arg in ("-h", "--help") or arg.startswith("--print_config"):
-            return True
-        key, equals, value = arg.partition("=")
-        value = value if equals else (args[i + 1] if i + 1 < len(args) else "")
-        if key == "--config":
-            options.update(config_data_options(value))
-        else:
-            options[key] = value
-    return (
-        options.get("--data.num_workers") in ("0", "null")
-        or options.get("--data.worker_start", "forkserver") != "forkserver"
-    )
-
-
-def config_data_options(path: str) -> dict[str, str]:
-    """The data section's num_workers and worker_start of a config file, as flags would give them ({} for a file
-    that cannot be read: the CLI reports it)."""
-    import yaml  # here: the workers import this module
-
-    try:
-        with open(path, encoding="utf-8") as file:
-            config = yaml.safe_load(file.read(1 << 20))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
-    data = config.get("data") if isinstance(config, dict) else None
-    if isinstance(data, dict) and isinstance(data.get("init_args"), dict):
-        data = data["init_args"]
-    if not isinstance(data, dict):
-        return {}
-    return {
-        f"--data.{name}": "null" if data[name] is None else str(data[name])
-        for name in ("num_workers", "worker_start")
-        if name in data
-    }
 
 
 def start_forkserver(modules: Sequence[str] = ()) -> bool:
