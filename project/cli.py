@@ -79,8 +79,11 @@ class ProjectCLI(LightningCLI):
     ) -> None:
         if not DEFAULT_CONFIG.exists():
             raise FileNotFoundError(f"default config missing: {DEFAULT_CONFIG}")
-        import project.tasks.image  # noqa: F401 - the built-in tasks' classes, known to --model and --data by name
-        import project.tasks.text  # noqa: F401
+        # the built-in tasks' classes, known to --model and --data by their short names
+        import project.tasks.image.data  # noqa: F401
+        import project.tasks.image.model  # noqa: F401
+        import project.tasks.text.data  # noqa: F401
+        import project.tasks.text.model  # noqa: F401
 
         given = command_line(args)
         self.from_checkpoint = from_checkpoint
