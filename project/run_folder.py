@@ -190,11 +190,25 @@ def check_values(kept: dict, path: Path, named: Container[str]) -> None:
                 f"{path}: {where(at)} is a pipe: command ({redact(value)[:200]!r}): a run folder runs nothing"
             )
         elif isinstance(value, str) and isinstance(kind, frozenset) and value not in kind:
-            raise UserError(
-                f"{path}: {where(at)} names a class by a string ({shown(value)!r}), which a run folder's config may "
-                "not import: give it as a class_path of one of the project's tasks (or give the run's config with "
-                "--config FILE if you trust it)"
-            )
+            raise UserError(class_string(path, where(at), value))
+
+
+OLD_FORMS = ("model.init_args.backbone", "model.init_args.encoder")  # strings before they were classes
+
+
+def class_string(path: Path, place: str, value: str) -> str:
+    """The line for a string where a run folder's config may give only a class (older runs: `backbone: small_cnn`)."""
+    if place in OLD_FORMS:
+        return (
+            f"{path}: {place} is {shown(value)!r}, as runs from before backbones and encoders were classes wrote it, "
+            "which this version does not read: copy the checkpoint out of its run folder and name the model as "
+            "configs/ do now (its weights load), or train again"
+        )
+    return (
+        f"{path}: {place} names a class by a string ({shown(value)!r}), which a run folder's config may not import: "
+        "give it as a class_path of one of the project's tasks (or give the run's config with --config FILE if "
+        "you trust it)"
+    )
 
 
 def dict_items(path: Path, at: tuple, value: dict, kind: Any, named: Container[str]) -> list[tuple[tuple, Any, Any]]:

@@ -170,8 +170,11 @@ def test_a_backbone_is_given_only_as_a_class_path_of_the_projects_tasks(tmp_path
         backbone = {"class_path": refused}
         with pytest.raises(UserError, match="model.init_args.backbone.class_path .* is neither one of the project"):
             check_values({"model": {"class_path": image, "init_args": {"backbone": backbone}}}, path, set())
-    with pytest.raises(UserError, match="model.init_args.backbone names a class by a string"):
+    with pytest.raises(UserError, match="model.init_args.backbone is 'small_cnn', as runs from before backbones"):
         check_values({"model": {"class_path": image, "init_args": {"backbone": "small_cnn"}}}, path, set())
+    with pytest.raises(UserError, match="model.init_args.backbone.init_args.features names a class by a string"):
+        features = {"class_path": "project.tasks.image.backbones.SmallCNN", "init_args": {"features": "x.y"}}
+        check_values({"model": {"class_path": image, "init_args": {"backbone": features}}}, path, set())
 
 
 @pytest.mark.slow
@@ -208,7 +211,9 @@ def test_a_run_from_before_backbones_were_classes_is_one_line_and_its_checkpoint
     init_args["backbone"], init_args["width"], init_args["weights"] = "small_cnn", 16, None
     record_run_config(ckpt, yaml.safe_dump(config))
     result = run_here("project.evaluate", f"--ckpt_path={ckpt}", f"--data.root={tiny_demo}", cwd=tmp_path)
-    assert "model.init_args.backbone names a class by a string ('small_cnn')" in one_error_line(result)
+    line = one_error_line(result)
+    assert "model.init_args.backbone is 'small_cnn', as runs from before backbones and encoders were classes" in line
+    assert "copy the checkpoint out of its run folder" in line
     alone = tmp_path / "alone.ckpt"
     shutil.copy(ckpt, alone)
     common = (f"--data.root={tiny_demo}", "--data.num_workers=0", "--trainer.enable_progress_bar=false")

@@ -208,7 +208,8 @@ def test_a_run_folder_names_an_encoder_only_by_a_class_path_of_the_projects_task
             model = {"class_path": text, "init_args": {key: {"class_path": refused}}}
             with pytest.raises(UserError, match=f"model.init_args.{key}.class_path .* is neither one of the project"):
                 check_values({"model": model}, path, set())
-        with pytest.raises(UserError, match=f"model.init_args.{key} names a class by a string"):
+        line = "is 'linear', as runs from before backbones and encoders" if key == "encoder" else "names a class by"
+        with pytest.raises(UserError, match=f"model.init_args.{key} {line}"):
             check_values({"model": {"class_path": text, "init_args": {key: "linear"}}}, path, set())
 
 
