@@ -86,6 +86,7 @@ def sources() -> list[Path]:
     return [
         *sorted((REPO / "project").rglob("*.py")),
         REPO / "README.md",
+        REPO / "data" / "README.md",
         *sorted((REPO / "docs").rglob("*.md")),
         *sorted((REPO / "configs").rglob("*.yaml")),
     ]

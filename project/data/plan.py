@@ -218,7 +218,7 @@ def fraction_counts(counts: Sequence[int], fraction: float) -> list[int]:
     the demo shuffle samples before sharding, so a prefix is a random sample of its shard; and taking the
     same share of every shard keeps classes balanced even when each shard holds a single class. Shards
     whose samples are sorted by class *inside* the shard would bias a small fraction: re-shard them with
-    `project.data.prepare`.
+    `python -m project.shards.prepare`.
     """
     if not 0 < fraction <= 1:
         raise UserError(f"data.fraction must be in (0, 1], got {fraction}")
