@@ -12,7 +12,6 @@ state. Run again with the same --run folder, it continues where it stopped.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -20,8 +19,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from project.active.curves import claim_lines, compare, summarize
+from project.commands import command_line, command_parser, parse_tool_arguments
+from project.errors import run_main
+
+SCRIPT = "benchmarks/active_learning.py"
 
 
 def machine() -> dict:
@@ -31,13 +35,32 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "cpu": cpu, "load_1min": os.getloadavg()[0], "python": platform.python_version()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--strategies", default="random,entropy,margin,kcenter")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--run", type=Path, default=Path("logs/bench-active"))
-    options, overrides = parser.parse_known_args()
+def settings(
+    *,
+    strategies: str = "random,entropy,margin,kcenter",
+    seeds: int = 3,
+    rounds: int = 5,
+    run: Path = Path("logs/bench-active"),
+) -> SimpleNamespace:
+    """Active learning on the image demo: does uncertainty sampling beat random selection?
+
+    Args:
+        strategies: the strategies compared, comma-separated (project.active's --strategy).
+        seeds: loops per strategy.
+        rounds: selection rounds of each loop.
+        run: the run folder; run again with the same folder, it continues where it stopped.
+    """
+    return SimpleNamespace(strategies=strategies, seeds=seeds, rounds=rounds, run=Path(run))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The benchmark's options and, after them, train overrides for every run (`--trainer.max_epochs=2`)."""
+    given = command_line(argv)
+    if "-h" in given or "--help" in given:
+        print(command_parser(settings, SCRIPT, config=False).format_help())
+        raise SystemExit(0)
+    mine, overrides = parse_tool_arguments(settings, SCRIPT, given)
+    options = settings(**mine)
     pool = Path("data/demo/train")
     size = sum(shard["nsamples"] for shard in json.loads((pool / "shardindex.json").read_text())["shardlist"])
     step = size // 100
@@ -98,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

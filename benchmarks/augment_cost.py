@@ -1,7 +1,7 @@
 """Decode and training-augmentation CPU per sample, before and after the fast paths, side by side; and the
 train loader against the naive work limit.
 
-    python benchmarks/augment_cost.py [--samples 512] [--repeats 5] [--loader-samples 4096] [--photos DIR]
+    python benchmarks/augment_cost.py [--samples 512] [--repeats 5] [--loader_samples 4096] [--photos DIR]
                                       [--json PATH]
 
 Images: the demo's generator (shapes on a noisy gradient, JPEG q90), at 32 px (the demo), at 256 px, and
@@ -27,7 +27,6 @@ a few thousand samples would otherwise be mostly the workers' start, which a rea
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
@@ -35,13 +34,16 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from torchvision.io import ImageReadMode
 
+from project.commands import run_command
 from project.data.shard_index import Shard, write_index
 from project.data.tarwriter import FastTarWriter
+from project.errors import run_main
 from project.tasks.image.crops import CropFlip, hwc
 from project.tasks.image.decode import decode_jpeg_pixels
 from project.tasks.image.demo import CLASSES, draw_sample, encode_jpeg
@@ -168,14 +170,30 @@ def loader_rate(encoded: list[bytes], size: int, repeats: int, workers: int = 2)
         return statistics.median(rates)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=512, help="images per size for the CPU costs")
-    parser.add_argument("--loader-samples", type=int, default=4096, help="images per size for the loader")
-    parser.add_argument("--photos", type=Path, default=None, help="a folder of pictures to cut the large images from")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+def options(
+    *,
+    samples: int = 512,
+    loader_samples: int = 4096,
+    photos: Path | None = None,
+    repeats: int = 5,
+    json: Path | None = None,
+) -> SimpleNamespace:
+    """Decode and training-augmentation CPU per sample, before and after the fast paths, and the loader's rate.
+
+    The train loader's samples/s is compared with the naive work limit.
+
+    Args:
+        samples: images per size for the CPU costs.
+        loader_samples: images per size for the loader.
+        photos: a folder of pictures to cut the large images from.
+        repeats: repeats of each measurement (medians).
+        json: write the results to this file.
+    """
+    return SimpleNamespace(samples=samples, loader_samples=loader_samples, photos=photos, repeats=repeats, json=json)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = run_command(options, "benchmarks/augment_cost.py", argv)
     torch.set_num_threads(1)
     results = {}
     header = f"{'stored -> trained':<16} {'decode':>16} {'augment':>16} {'aug after/before':>17} {'loader/naive':>13}"
@@ -183,7 +201,7 @@ def main() -> None:
     for name, width, height, size in SIZES:
         count = max(args.samples, args.loader_samples)
         encoded = images(width, height, count) if args.photos is None or size == width else None
-        encoded = encoded or photo_images(args.photos, width, height, count)
+        encoded = encoded or photo_images(Path(args.photos), width, height, count)
         costs = measure_costs(encoded[: args.samples], size, args.repeats)
         naive = 2 / ((costs["decode_before_us"] + costs["augment_before_us"]) * 1e-6)
         rate = loader_rate(encoded[: args.loader_samples], size, max(1, args.repeats // 2))
@@ -202,8 +220,8 @@ def main() -> None:
         "unfused torchvision decode + v2 augmentation)"
     )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -13,15 +13,16 @@ its data.root, read here from the same file, is our own run's.
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Iterable
+from json import dumps
 from pathlib import Path
 
 import torch
 import yaml
 from torchmetrics.classification import MulticlassCalibrationError
 
+from project.commands import run_command
+from project.errors import UserError, run_main
 from project.export.run import load_run
 
 BINS = 15
@@ -89,18 +90,28 @@ def table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("checkpoints", nargs="+", type=Path, help="checkpoints of runs (logs/.../checkpoints/x.ckpt)")
-    parser.add_argument("--json", type=Path, help="write the results to this file")
-    args = parser.parse_args(argv)
-    for path in args.checkpoints:
+def calibration(checkpoints: list[Path], *, json: Path | None = None) -> list[dict]:
+    """Calibration of runs' test predictions: softmax(logits) against softmax(logits / T), T the checkpoint's.
+
+    Args:
+        checkpoints: checkpoints of runs (logs/.../checkpoints/x.ckpt).
+        json: write the results to this file.
+    """
+    paths = [Path(path) for path in checkpoints]
+    for path in paths:
         if not path.is_file():
-            parser.error(f"{path}: no such checkpoint")
-    results = [measure(path) for path in args.checkpoints]
+            raise UserError(f"{path}: no such checkpoint")
+    results = [measure(path) for path in paths]
     print(table(results))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    if json:
+        Path(json).write_text(dumps(results, indent=2))
+    return results
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run the benchmark; a mistake in the arguments is one line and exit code 2."""
+    results: list[dict] = []
+    run_main(lambda: results.extend(run_command(calibration, "benchmarks/calibration.py", argv)))
     return results
 
 

@@ -1,6 +1,6 @@
 """How well `prepare --dedup near` finds planted near duplicates: precision and recall over pairs.
 
-    python benchmarks/dedup_quality.py [--originals N] [--similar N] [--seed S] [--json]
+    python benchmarks/dedup_quality.py [--originals N] [--similar N] [--seed S] [--json true]
 
 The planted set (tests/planted.py): N originals (demo shapes, 160 px JPEGs), each with an exact copy, a
 re-encode at JPEG quality 60-95, a resize to 50-90% and a crop of up to 5%; plus N distinct images of the same
@@ -11,17 +11,18 @@ with the thumbnail check and without it (pHash alone), and the time the hashing 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/planted.py
 
+from project.commands import run_command  # noqa: E402
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, Hasher  # noqa: E402
 from project.shards.matching import groups  # noqa: E402
 from tests.planted import VARIANTS, pair_scores, planted_images  # noqa: E402
@@ -29,13 +30,20 @@ from tests.planted import VARIANTS, pair_scores, planted_images  # noqa: E402
 DISTANCES = (4, 8, DEFAULT_NEAR_DISTANCE, 16)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--originals", type=int, default=500)
-    parser.add_argument("--similar", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
+def options(*, originals: int = 500, similar: int = 500, seed: int = 0, json: bool = False) -> SimpleNamespace:
+    """How well `prepare --dedup near` finds planted near duplicates: precision and recall over pairs.
+
+    Args:
+        originals: planted originals, each with four copies.
+        similar: distinct images of the same classes and shapes, duplicates of nothing.
+        seed: draws the planted set.
+        json: print one JSON object.
+    """
+    return SimpleNamespace(originals=originals, similar=similar, seed=seed, json=json)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = run_command(options, "benchmarks/dedup_quality.py", argv)
     with tempfile.TemporaryDirectory() as scratch:
         truth = planted_images(scratch, args.originals, args.similar, args.seed)
         names = sorted(truth)

@@ -11,7 +11,6 @@ the samples and at all of them: flat when the join holds a batch, not a sum per 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -19,10 +18,12 @@ import statistics
 import time
 import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 import project.callbacks.predictions  # noqa: F401 - the command imports it; kept out of what is measured
+from project.commands import run_command
 from project.ensemble import ensemble
 from project.ensemble.join import read_rows, row_values
 
@@ -78,13 +79,22 @@ def peak(paths: list[str], out: Path) -> float:
         tracemalloc.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=200_000)
-    parser.add_argument("--classes", type=int, default=35)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/ensemble-join"))
-    args = parser.parse_args()
+def options(
+    *, samples: int = 200_000, classes: int = 35, repeats: int = 3, work: Path = Path("/tmp/ensemble-join")
+) -> SimpleNamespace:
+    """`project.ensemble`'s join on disk against reading its inputs alone, and its memory as samples grow.
+
+    Args:
+        samples: samples of each of the two inputs.
+        classes: classes of each sample's scores.
+        repeats: repeats of each timing (medians).
+        work: the folder the inputs and the output are written to.
+    """
+    return SimpleNamespace(samples=samples, classes=classes, repeats=repeats, work=Path(work))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = run_command(options, "benchmarks/ensemble_join.py", argv)
     args.work.mkdir(parents=True, exist_ok=True)
     paths = write_inputs(args.work, args.samples, args.classes)
     out = args.work / "out.jsonl"

@@ -1,7 +1,7 @@
 """Does the input pipeline keep a GPU busy? ResNet-50 training images/s fed from shards, against the same
 training on synthetic batches already on the GPU (the upper bound). Run it through scripts/gpu_bench.sh.
 
-    python benchmarks/gpu_bench.py [--workers N] [--batch-size B] [--steps N] [--json]
+    python benchmarks/gpu_bench.py [--workers N] [--batch_size B] [--steps N] [--json true]
 
 It writes demo shards of 256 px JPEGs into a temporary folder (a few thousand, listed several times so an
 epoch is long enough), then trains torchvision's resnet50 (weights=None) in bf16 autocast with
@@ -14,13 +14,14 @@ figures mean something only on a GPU.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,7 @@ import torchvision
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from project.bench.images import subset_index
+from project.commands import run_command
 from project.data.specs import resolve_shards
 from project.tasks.image.data import ImageShards
 from project.tasks.image.demo import make_demo
@@ -119,7 +121,7 @@ def build_model(name: str, device: torch.device) -> torch.nn.Module:
     return model.to(device).to(memory_format=torch.channels_last).train()
 
 
-def measure(args: argparse.Namespace) -> dict:
+def measure(args: SimpleNamespace) -> dict:
     """images/s from shards (decoding in the workers, and on the device) and from synthetic batches."""
     device = torch.device(args.device)
     torch.backends.cudnn.benchmark = True
@@ -174,19 +176,50 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def options(
+    *,
+    workers: int | None = None,
+    batch_size: int = 256,
+    steps: int = 60,
+    warmup: int = 15,
+    image_size: int = 224,
+    samples: int = 4000,
+    model: str = "resnet50",
+    device: str = "cuda",
+    precision: Literal["bf16", "32"] = "bf16",
+    json: bool = False,
+) -> SimpleNamespace:
+    """Training images/s fed from shards against synthetic batches on the device.
+
+    Args:
+        workers: DataLoader workers (default: the cores, at most 16).
+        batch_size: samples per batch.
+        steps: timed steps of each run.
+        warmup: untimed steps first (workers, cuDNN autotuning).
+        image_size: training size (stored JPEGs: 8/7 of it).
+        samples: distinct images in the shards.
+        model: a torchvision classification model.
+        device: the device trained on.
+        precision: bf16 autocast, or float32.
+        json: end with one JSON line.
+    """
+    workers = min(16, os.cpu_count() or 1) if workers is None else workers
+    return SimpleNamespace(
+        workers=workers,
+        batch_size=batch_size,
+        steps=steps,
+        warmup=warmup,
+        image_size=image_size,
+        samples=samples,
+        model=model,
+        device=device,
+        precision=precision,
+        json=json,
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="DataLoader workers")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=60, help="timed steps of each run")
-    parser.add_argument("--warmup", type=int, default=15, help="untimed steps first (workers, cuDNN autotuning)")
-    parser.add_argument("--image-size", type=int, default=224, help="training size (stored JPEGs: 8/7 of it)")
-    parser.add_argument("--samples", type=int, default=4000, help="distinct images in the shards")
-    parser.add_argument("--model", default="resnet50", help="a torchvision classification model")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--precision", choices=["bf16", "32"], default="bf16", help="bf16 autocast, or float32")
-    parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    args = parser.parse_args(argv)
+    args = run_command(options, "benchmarks/gpu_bench.py", argv)
     results = measure(args)
     print(report(results))
     if args.json:

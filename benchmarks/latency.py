@@ -1,12 +1,12 @@
 """The train loader reading its shards over http from a slow server, against local disk; webdataset's both ways.
 
-    python benchmarks/latency.py [--shards DIR] [--latency-ms 50] [--rate-mb 25] [--workers 2]
-                                 [--batch-size 128] [--size 224] [--repeats 3] [--copies 1] [--json PATH]
+    python benchmarks/latency.py [--shards DIR] [--latency_ms 50] [--rate_mb 25] [--workers 2]
+                                 [--batch_size 128] [--size 224] [--repeats 3] [--copies 1] [--json PATH]
 
 The shards (a folder with a shardindex.json; by default the peers' 4,096 demo images drawn at 256 px, 16
 shards of 6.4 MB, written once under data/peers/ by benchmarks/peer_data.py) are served by a threaded
-http.server in a process of its own, which waits `--latency-ms` before each response and sends each body no
-faster than `--rate-mb` MB/s per connection (Range requests answered, as HTTPStream resumes with them). Both
+http.server in a process of its own, which waits `--latency_ms` before each response and sends each body no
+faster than `--rate_mb` MB/s per connection (Range requests answered, as HTTPStream resumes with them). Both
 indexes list the shards `--copies` times (a longer epoch of the same bytes); the server's one is read from
 http://127.0.0.1:PORT/shardindex.json.
 
@@ -25,99 +25,18 @@ loader's from local disk. It checks that the project's training order is the sam
 
 from __future__ import annotations
 
-import argparse
-import http.server
 import json
 import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-CHUNK = 256 << 10  # bytes sent at a time by the slow server: 10 ms of a 25 MB/s connection
-RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+from slow_server import SlowServer  # benchmarks/slow_server.py, beside this script
 
-
-class SlowHandler(http.server.SimpleHTTPRequestHandler):
-    """Files under `directory`, each response `latency` seconds late and its body at `rate` bytes/s at most;
-    a single-range `Range: bytes=a-[b]` gets a 206."""
-
-    latency, rate = 0.05, 25e6
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        time.sleep(self.latency)
-        path = Path(self.translate_path(self.path))
-        if not path.is_file():
-            self.send_error(404)
-            return
-        size = path.stat().st_size
-        start, stop, ranged = 0, size, False
-        if header := self.headers.get("Range"):
-            found = RANGE.match(header.strip())
-            if not found or int(found.group(1)) >= size:
-                self.send_error(416)
-                return
-            start, ranged = int(found.group(1)), True
-            stop = min(size, int(found.group(2)) + 1) if found.group(2) else size
-        self.send_response(206 if ranged else 200)
-        self.send_header("Content-Length", str(stop - start))
-        self.send_header("Accept-Ranges", "bytes")
-        if ranged:
-            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
-        self.end_headers()
-        with open(path, "rb") as file:
-            self.send_slowly(file, start, stop)
-
-    def send_slowly(self, file: object, start: int, stop: int) -> None:
-        """The bytes [start, stop) of `file`, CHUNK at a time (sendfile: the server's CPU is this machine's
-        too), each once the connection's rate allows it."""
-        self.wfile.flush()
-        began, sent = time.perf_counter(), 0
-        while sent < stop - start:
-            try:
-                count = self.connection.sendfile(file, start + sent, min(CHUNK, stop - start - sent))
-            except OSError:  # the reader hung up: it needed only part of the shard
-                return
-            if not count:  # the file shrank
-                return
-            sent += count
-            if (ahead := sent / self.rate - (time.perf_counter() - began)) > 0:
-                time.sleep(ahead)
-
-
-def serve(folder: str, latency: float, rate: float) -> None:
-    """Serve `folder` slowly on a free port of 127.0.0.1, print the port, and serve until killed."""
-    handler = type("Handler", (SlowHandler,), {"latency": latency, "rate": rate})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=folder))
-    server.daemon_threads = True
-    print(server.server_port, flush=True)
-    server.serve_forever()
-
-
-class SlowServer:
-    """`serve` in a process of its own (not a thread of this one, whose GIL the loader's main loop needs)."""
-
-    def __init__(self, folder: Path, latency: float, rate: float) -> None:
-        command = [sys.executable, __file__, "--serve", str(folder), "--latency-ms", str(latency * 1e3)]
-        command += ["--rate-mb", str(rate / 1e6)]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        self.url = f"http://127.0.0.1:{int(self.process.stdout.readline())}"
-
-    def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait()
-
+from project.commands import run_command
+from project.errors import UserError, run_main
 
 # -- the loaders, measured -----------------------------------------------------------------------------
 
@@ -147,7 +66,7 @@ def indexes(folder: Path, served: Path, url: str, copies: int) -> dict[str, str]
     return {"local": str(local), "http": f"{url}/shardindex.json"}
 
 
-def epoch(loader: str, spec: str, args: argparse.Namespace, extra: dict) -> dict:
+def epoch(loader: str, spec: str, args: SimpleNamespace, extra: dict) -> dict:
     """One training epoch of `loader` over `spec`: samples/s from iter() to the last batch, the seconds to the
     first batch, samples/s from the first batch to the last (the rate once the shuffle buffers are full),
     and the project's labels in training order."""
@@ -173,7 +92,7 @@ def epoch(loader: str, spec: str, args: argparse.Namespace, extra: dict) -> dict
     return {"rate": len(labels) / seconds, "first_batch_s": first_at - start, "steady": steady, "labels": labels}
 
 
-def measure(specs: dict[str, str], server: SlowServer, args: argparse.Namespace) -> dict:
+def measure(specs: dict[str, str], server: SlowServer, args: SimpleNamespace) -> dict:
     """Every row's epochs, interleaved; medians, ratios to the local rate, whether the project's orders agree."""
     from project.data.workers import warm_forkserver
     from project.tasks import WORKER_MODULES
@@ -201,7 +120,7 @@ def measure(specs: dict[str, str], server: SlowServer, args: argparse.Namespace)
     return {"runs": runs, "medians": medians, "same_order": same, "server_cpu_s": server.cpu_seconds() - cpu}
 
 
-def table(result: dict, args: argparse.Namespace, samples: int, shards: int, size_mb: float) -> str:
+def table(result: dict, args: SimpleNamespace, samples: int, shards: int, size_mb: float) -> str:
     lines = [
         "| loader | reads from | samples/s | ÷ local | first batch | samples/s after it | ÷ local |",
         "|---|---|---|---|---|---|---|",
@@ -224,46 +143,66 @@ def table(result: dict, args: argparse.Namespace, samples: int, shards: int, siz
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shards", type=Path, help="a folder of shards with a shardindex.json (default: photo256)")
-    parser.add_argument("--photo-samples", type=int, default=4096, help="images of the default set, if it is built")
-    parser.add_argument("--latency-ms", type=float, default=50.0, help="the server's wait before each response")
-    parser.add_argument("--rate-mb", type=float, default=25.0, help="the most MB/s the server sends a connection")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of every loader")
-    parser.add_argument("--batch-size", type=int, default=128, help="samples per batch")
-    parser.add_argument("--size", type=int, default=224, help="the trained image size in px")
-    parser.add_argument("--repeats", type=int, default=3, help="epochs per row (medians)")
-    parser.add_argument("--copies", type=int, default=1, help="list the shards this many times: a longer epoch")
-    parser.add_argument(
-        "--mix-shards", type=int, default=None, help="the project's data.mix_shards (default: its index's default)"
-    )
-    parser.add_argument(
-        "--loaders", default="project,webdataset", help="the loaders measured: project, webdataset or both"
-    )
-    parser.add_argument("--json", type=Path, metavar="PATH", help="write every run, median and ratio to PATH")
-    parser.add_argument("--serve", help=argparse.SUPPRESS)  # the server's own process (SlowServer)
-    args = parser.parse_args(argv)
-    if args.latency_ms < 0 or args.rate_mb <= 0:
-        parser.error("--latency-ms must be 0 or more and --rate-mb more than 0")
-    if min(args.batch_size, args.size, args.repeats, args.copies, args.photo_samples) < 1 or args.workers < 0:
-        parser.error(
-            "--batch-size, --size, --repeats, --copies and --photo-samples must be positive, --workers 0 or more"
+def options(
+    *,
+    shards: Path | None = None,
+    photo_samples: int = 4096,
+    latency_ms: float = 50.0,
+    rate_mb: float = 25.0,
+    workers: int = 2,
+    batch_size: int = 128,
+    size: int = 224,
+    repeats: int = 3,
+    copies: int = 1,
+    mix_shards: int | None = None,
+    loaders: str = "project,webdataset",
+    json: Path | None = None,
+) -> SimpleNamespace:
+    """The train loader reading its shards over http from a slow server, against local disk; webdataset's too.
+
+    Args:
+        shards: a folder of shards with a shardindex.json (default: photo256).
+        photo_samples: images of the default set, if it is built.
+        latency_ms: the server's wait before each response.
+        rate_mb: the most MB/s the server sends a connection.
+        workers: DataLoader workers of every loader.
+        batch_size: samples per batch.
+        size: the trained image size in px.
+        repeats: epochs per row (medians).
+        copies: list the shards this many times: a longer epoch.
+        mix_shards: the project's data.mix_shards (default: its index's default).
+        loaders: the loaders measured: project, webdataset or both.
+        json: write every run, median and ratio to this file.
+    """
+    if latency_ms < 0 or rate_mb <= 0:
+        raise UserError("--latency_ms must be 0 or more and --rate_mb more than 0")
+    if min(batch_size, size, repeats, copies, photo_samples) < 1 or workers < 0:
+        raise UserError(
+            "--batch_size, --size, --repeats, --copies and --photo_samples must be positive, --workers 0 or more"
         )
-    args.loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
-    if not args.loaders or set(args.loaders) - {"project", "webdataset"}:
-        parser.error(f"--loaders: a comma-separated subset of project,webdataset, not {args.loaders}")
-    if args.shards is not None and not (args.shards / "shardindex.json").is_file():
-        parser.error(f"--shards {args.shards}: no shardindex.json there")
-    return args
+    names = [name.strip() for name in loaders.split(",") if name.strip()]
+    if not names or set(names) - {"project", "webdataset"}:
+        raise UserError(f"--loaders: a comma-separated subset of project,webdataset, not {names}")
+    if shards is not None and not (Path(shards) / "shardindex.json").is_file():
+        raise UserError(f"--shards {shards}: no shardindex.json there")
+    return SimpleNamespace(
+        shards=shards and Path(shards),
+        photo_samples=photo_samples,
+        latency_ms=latency_ms,
+        rate_mb=rate_mb,
+        workers=workers,
+        batch_size=batch_size,
+        size=size,
+        repeats=repeats,
+        copies=copies,
+        mix_shards=mix_shards,
+        loaders=names,
+        json=json,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.serve:
-        serve(args.serve, args.latency_ms / 1e3, args.rate_mb * 1e6)
-        return {}
-    sys.path.insert(0, str(Path(__file__).parent))  # the peers' data sets, as `python benchmarks/x.py` finds them
+    args = run_command(options, "benchmarks/latency.py", argv)
     from peer_data import photo_set
 
     from project.data.specs import resolve_shards
@@ -286,9 +225,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"the server's CPU {result['server_cpu_s']:.1f} s"
     )
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

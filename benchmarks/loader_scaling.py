@@ -1,7 +1,7 @@
 """How the loader's ratio to bare decoding moves with the cost of decoding: (a), (b) and (c) of
 `python -m project.bench` (no training), on the demo at 32 px and at larger stored and trained sizes.
 
-    python benchmarks/loader_scaling.py [--workers N] [--repeats R] [--samples N] [--json]
+    python benchmarks/loader_scaling.py [--workers N] [--repeats R] [--samples N] [--json true]
 
 For each (stored size, training size) it writes a demo training split into a temporary folder (32 px:
 the demo at data/demo), then measures, interleaved and as medians of R repeats: bare decoding by N
@@ -12,14 +12,15 @@ reading, batching, handing batches over); the last size adds a resize, which (a)
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from project.bench.images import decode_rate, imagefolder_rate, loader_rate, subset_index, write_image_folder
 from project.bench.run import data_settings
+from project.commands import run_command
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 from project.tasks.image.demo import make_demo
@@ -29,7 +30,7 @@ from project.tasks.image.demo import make_demo
 SIZES = ((32, 32), (64, 64), (128, 128), (128, 112))
 
 
-def measure(stored: int, trained: int, args: argparse.Namespace, scratch: Path) -> dict:
+def measure(stored: int, trained: int, args: SimpleNamespace, scratch: Path) -> dict:
     root = Path("data/demo") if stored == 32 else scratch / f"demo{stored}"
     if stored != 32 and not (root / "train").is_dir():
         make_demo(root, train=args.samples, val=1, test=1, image_size=stored, samples_per_shard=500, quiet=True)
@@ -55,13 +56,20 @@ def measure(stored: int, trained: int, args: argparse.Namespace, scratch: Path) 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=6000)
-    parser.add_argument("--json", action="store_true", help="end with one line of JSON")
-    args = parser.parse_args()
+def options(*, workers: int = 2, repeats: int = 3, samples: int = 6000, json: bool = False) -> SimpleNamespace:
+    """How the loader's ratio to bare decoding moves with the cost of decoding.
+
+    Args:
+        workers: DataLoader workers and decoding processes.
+        repeats: repeats of each measurement (medians).
+        samples: training samples the loaders read.
+        json: end with one line of JSON.
+    """
+    return SimpleNamespace(workers=workers, repeats=repeats, samples=samples, json=json)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = run_command(options, "benchmarks/loader_scaling.py", argv)
     with tempfile.TemporaryDirectory(prefix="loader-scaling-") as scratch:
         results = [measure(stored, trained, args, Path(scratch)) for stored, trained in SIZES]
     print("| stored px | trained px | decode limit | loader | ImageFolder | loader/decode | loader/ImageFolder |")

@@ -10,11 +10,13 @@ the optimizer's step alone for each, and their ratios.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
+
+from project.commands import run_command
 
 
 def step_times(rows: int, dim: int, repeats: int, fused: bool) -> tuple[float, float]:
@@ -36,12 +38,19 @@ def step_times(rows: int, dim: int, repeats: int, fused: bool) -> tuple[float, f
     return statistics.median(whole[2:]), statistics.median(steps[2:])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1 << 18)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=15)
-    args = parser.parse_args()
+def options(*, rows: int = 1 << 18, dim: int = 64, repeats: int = 15) -> SimpleNamespace:
+    """AdamW's step over the text default's embedding table: the foreach step against the fused one.
+
+    Args:
+        rows: rows of the embedding table.
+        dim: its width.
+        repeats: training steps timed of each (medians, the first two left out).
+    """
+    return SimpleNamespace(rows=rows, dim=dim, repeats=repeats)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = run_command(options, "benchmarks/optimizer_step.py", argv)
     torch.set_num_threads(1)  # one thread, as each of two training processes gets on two cores
     foreach = step_times(args.rows, args.dim, args.repeats, fused=False)
     fused = step_times(args.rows, args.dim, args.repeats, fused=True)

@@ -1,6 +1,6 @@
 """This project's train loader against its peers, side by side, on the same images and augmentation.
 
-    python benchmarks/peers.py [--workers 2] [--batch-size 128] [--repeats 3] [--sizes 32:32,256:224]
+    python benchmarks/peers.py [--workers 2] [--batch_size 128] [--repeats 3] [--sizes 32:32,256:224]
                                [--loaders project,webdataset,litdata,mosaic,imagefolder,spdl] [--json PATH]
     python benchmarks/peers.py --photos DIR [...]   # the real photographs benchmarks/photos.py wrote to DIR
 
@@ -24,7 +24,6 @@ same number of processes". Medians of R repeats, interleaved. A peer that is not
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -34,13 +33,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from peer_data import ImageSet, demo_set, ensure_format, photo_set, photos_in
 from peer_loaders import LOADERS, Augment, PeerMissing, run_epoch, stored_samples
+from peer_tables import stage_table, table
 
-COLUMNS = ("loader", "samples/s", "CPU µs/sample", "peak RSS MB", "peak PSS MB", "ratio to project", "÷ naive limit")
-NAIVE = "naive work limit"
+from project.commands import run_command
+from project.errors import UserError, run_main
+
 PHOTOS_TRAINED = 224  # px, what --photos trains at
 
 
@@ -65,7 +67,7 @@ def run_one(
     loader: str,
     data: ImageSet,
     size: int,
-    args: argparse.Namespace,
+    args: SimpleNamespace,
     *,
     shuffle_buffer: int = 1000,
     isolated: bool = True,
@@ -103,7 +105,7 @@ def epoch_of(spec: dict) -> dict:
         return {"loader": spec["loader"], "missing": str(missing), "note": missing.note}
 
 
-def measure(data: ImageSet, size: int, args: argparse.Namespace, isolated: bool = True) -> dict:
+def measure(data: ImageSet, size: int, args: SimpleNamespace, isolated: bool = True) -> dict:
     """Every loader's epochs on `data` at `size`, R repeats interleaved, with medians and ratios; the first
     repeat's key order per loader is kept in "orders" (for benchmarks/shuffle_quality.py)."""
     keys = [sample["__key__"] for sample in stored_samples(data.shards)]
@@ -168,34 +170,7 @@ def stored_size(data: ImageSet) -> int:
     return int(decode_jpeg(torch.frombuffer(bytearray(first), dtype=torch.uint8)).shape[-1])
 
 
-def table(result: dict) -> str:
-    """One size's rows as a Markdown table."""
-    naive = result["naive"]
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    project = result["loaders"].get("project", {}).get("rate")
-    ratio = f"{naive['rate'] / project:.2f}" if project else "–"
-    lines.append(
-        f"| {NAIVE} ({max(1, result['workers'])} × one process) | {naive['rate']:,.0f} | "
-        f"{naive['us_per_sample']:,.0f} (one process) | – | – | {ratio} | 1.00 |"
-    )
-    for loader, row in result["loaders"].items():
-        if "note" in row:
-            lines.append(f"| {loader} | {row['note']} | | | | | |")
-            continue
-        vs_project = f"{row['vs_project']:.2f}" if "vs_project" in row else "–"
-        lines.append(
-            f"| {loader} | {row['rate']:,.0f} | {row['cpu_us']:,.0f} | {row['peak_rss_mb']:,.0f} | "
-            f"{row['peak_pss_mb']:,.0f} | {vs_project} | {row['vs_naive']:.2f} |"
-        )
-    lines.append(
-        f"\n{result['set']}: {result['samples']:,} images stored at {result['stored']} px, trained at "
-        f"{result['trained']} px; {result['workers']} workers, batch {result['batch_size']}, "
-        f"medians of {result['repeats']} epochs."
-    )
-    return "\n".join(lines)
-
-
-def project_stages(data: ImageSet, size: int, args: argparse.Namespace) -> dict[str, float]:
+def project_stages(data: ImageSet, size: int, args: SimpleNamespace) -> dict[str, float]:
     """CPU µs per sample of each stage of the project's loader on `data`, each alone (project/bench/stages.py),
     with the settings its epochs above ran with."""
     from project.bench.stages import stage_costs
@@ -204,54 +179,63 @@ def project_stages(data: ImageSet, size: int, args: argparse.Namespace) -> dict[
     return stage_costs(data.shards, {**settings, "seed": 0})
 
 
-def stage_table(result: dict) -> str:
-    """The project's CPU µs per sample by stage, beside its whole epoch's and the naive work's."""
-    from project.bench.stages import SHOWN
-
-    stages, project = result["stages"], result["loaders"]["project"]
-    lines = ["| project's stage | CPU µs per sample |", "|---|---|"]
-    lines += [f"| {SHOWN[stage]} | {value:,.0f} |" for stage, value in stages.items()]
-    rest = project["cpu_us"] - sum(stages.values())
-    lines += [
-        f"| the rest: processes, the stream, the main process, waits | {rest:,.0f} |",
-        f"| **the project's epoch, all processes** | **{project['cpu_us']:,.0f}** |",
-        f"| {NAIVE}: decode + v2 crop and flip, one process | {result['naive']['us_per_sample']:,.0f} |",
-    ]
-    return "\n".join(lines)
-
-
 def machine() -> dict:
     return {"cores": os.cpu_count(), "load_1_5_15": [round(value, 2) for value in os.getloadavg()]}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of every loader")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="epochs per loader (medians)")
-    parser.add_argument("--sizes", default="32:32,256:224", help="stored:trained px pairs; 32 is the demo")
-    parser.add_argument("--photo-samples", type=int, default=4096, help="images of the 256 px set")
-    parser.add_argument(
-        "--photos", type=Path, metavar="DIR", help="real photographs (benchmarks/photos.py), not --sizes"
+def options(
+    *,
+    workers: int = 2,
+    batch_size: int = 128,
+    repeats: int = 3,
+    sizes: str = "32:32,256:224",
+    photo_samples: int = 4096,
+    photos: Path | None = None,
+    loaders: str = ",".join(LOADERS),
+    json: str | None = None,
+    one: str | None = None,
+    out: str | None = None,
+) -> SimpleNamespace:
+    """This project's train loader against its peers, side by side, on the same images and augmentation.
+
+    Args:
+        workers: DataLoader workers of every loader.
+        batch_size: samples per batch.
+        repeats: epochs per loader (medians).
+        sizes: stored:trained px pairs, comma-separated; 32 is the demo.
+        photo_samples: images of the 256 px set.
+        photos: real photographs (benchmarks/photos.py wrote them to DIR), instead of --sizes.
+        loaders: a comma-separated subset of project, project-threads, webdataset, litdata, mosaic, imagefolder, spdl.
+        json: write every run, median and ratio to this file.
+        one: a single epoch's spec (JSON, as `run_one` writes it), run in this process; its result goes to --out.
+        out: the file --one writes its result to.
+    """
+    names = [name.strip() for name in loaders.split(",") if name.strip()]
+    if unknown := set(names) - set(LOADERS):
+        raise UserError(f"unknown loaders {sorted(unknown)}: choose from {', '.join(LOADERS)}")
+    if one is not None and out is None:
+        raise UserError("--one needs --out FILE")
+    pairs = [tuple(int(px) for px in pair.split(":")) for pair in sizes.split(",")]
+    return SimpleNamespace(
+        workers=workers,
+        batch_size=batch_size,
+        repeats=repeats,
+        sizes=pairs,
+        photo_samples=photo_samples,
+        photos=photos,
+        loaders=names,
+        json=json,
+        one=one,
+        out=out,
     )
-    parser.add_argument("--loaders", default=",".join(LOADERS), help="a comma-separated subset of " + ",".join(LOADERS))
-    parser.add_argument("--json", metavar="PATH", help="write every run, median and ratio to PATH")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # a single epoch, in a fresh process (run_one)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    args.loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
-    if unknown := set(args.loaders) - set(LOADERS):
-        parser.error(f"unknown loaders {sorted(unknown)}: choose from {', '.join(LOADERS)}")
-    args.sizes = [tuple(int(px) for px in pair.split(":")) for pair in args.sizes.split(",")]
-    return args
 
 
-def image_set(stored: int, args: argparse.Namespace) -> ImageSet:
+def image_set(stored: int, args: SimpleNamespace) -> ImageSet:
     return demo_set() if stored == 32 else photo_set(samples=args.photo_samples, size=stored)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    args = parse_args(argv)
+    args = run_command(options, "benchmarks/peers.py", argv)
     if args.one:
         result = epoch_of(json.loads(args.one))
         Path(args.out).write_text(json.dumps(result))
@@ -281,4 +265,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

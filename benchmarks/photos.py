@@ -28,7 +28,6 @@ formats of the set are written beside it when `peers.py` first reads it.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
@@ -37,6 +36,9 @@ import subprocess
 from pathlib import Path
 
 from PIL import Image
+
+from project.commands import run_command
+from project.errors import UserError, run_main
 
 WIDTH, HEIGHT, QUALITY = 500, 375, 90
 LARGEST_SIDE = 1500  # a picture's shorter side after its first scaling: windows of 40% still exceed 500 px
@@ -208,20 +210,27 @@ def build(out: Path, images: int = 3072, seed: int = 0, debs: Path | None = None
     return out / "train"
 
 
+def photos(
+    *, out: Path = Path("data/peers/photos"), images: int = 3072, seed: int = 0, debs: Path | None = None
+) -> None:
+    """Real photographs, offline: 500 x 375 JPEGs cut from the photographs Debian's wallpaper packages ship.
+
+    Args:
+        out: the set's folder.
+        images: JPEGs to write, shared among the pictures.
+        seed: seed of the windows and flips.
+        debs: where the packages go (default: OUT/../debian-wallpapers).
+    """
+    if images < 1:
+        raise UserError("--images must be at least 1")
+    out = Path(out)
+    train = build(out, images, seed, debs and Path(debs))
+    print(f"{images} photographs of {WIDTH} x {HEIGHT} in {train} (shards) and {out / 'pictures'}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("data/peers/photos"), help="the set's folder")
-    parser.add_argument("--images", type=int, default=3072, help="JPEGs to write, shared among the pictures")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the windows and flips")
-    parser.add_argument(
-        "--debs", type=Path, default=None, help="where the packages go (default: OUT/../debian-wallpapers)"
-    )
-    args = parser.parse_args(argv)
-    if args.images < 1:
-        parser.error("--images must be at least 1")
-    train = build(args.out, args.images, args.seed, args.debs)
-    print(f"{args.images} photographs of {WIDTH} x {HEIGHT} in {train} (shards) and {args.out / 'pictures'}")
+    run_command(photos, "benchmarks/photos.py", argv)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,7 +1,7 @@
 """How fast `prepare` turns an image folder into shards, against itself and against `tar -cf`, and what
 finding duplicates adds.
 
-    python benchmarks/prepare_throughput.py [--images N] [--repeats R] [--json]
+    python benchmarks/prepare_throughput.py [--images N] [--repeats R] [--json true]
 
 Measured side by side in one run, on the same files (distinct JPEGs of about 18 kB in 10 class folders, no
 re-encoding): prepare with --workers 1 and 2 without dedup, prepare --workers 2 with --dedup exact and with
@@ -11,7 +11,6 @@ repeat interleaved; the ratios are what to compare across machines.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -20,10 +19,12 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from PIL import Image
 
+from project.commands import run_command
 from project.data.workers import warm_forkserver
 from project.shards.prepare import prepare
 
@@ -47,12 +48,19 @@ def timed(function) -> float:  # noqa: ANN001
     return time.perf_counter() - start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--images", type=int, default=16000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
+def options(*, images: int = 16000, repeats: int = 5, json: bool = False) -> SimpleNamespace:
+    """Prepare's samples/s against `tar -cf` of the same JPEGs, with 1 and 2 workers and with --dedup.
+
+    Args:
+        images: JPEGs written into 10 class folders.
+        repeats: repeats of each run (medians).
+        json: print one JSON object.
+    """
+    return SimpleNamespace(images=images, repeats=repeats, json=json)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = run_command(options, "benchmarks/prepare_throughput.py", argv)
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         make_images(scratch / "images", args.images)

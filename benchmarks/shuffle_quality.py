@@ -1,6 +1,6 @@
 """How well each loader shuffles: its training order against a full random permutation of the same samples.
 
-    python benchmarks/shuffle_quality.py [--workers 2] [--batch-size 128] [--loaders ...] [--repeats 5]
+    python benchmarks/shuffle_quality.py [--workers 2] [--batch_size 128] [--loaders ...] [--repeats 5]
                                          [--json PATH]
 
 One epoch of each loader of benchmarks/peers.py (each at its own default shuffle: the project's
@@ -23,16 +23,18 @@ throughput cost of interleaving: epochs on the class-mixed set with mix_shards 1
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
 
 from project.bench.shuffle import TRIALS, entropy_ratio
+from project.commands import run_command
+from project.errors import run_main
 
 TARGET = 0.98
 
@@ -90,7 +92,7 @@ def quality(order: Sequence[str], stored: Sequence[str], labels: dict[str, int],
     }
 
 
-def loader_orders(data, args: argparse.Namespace, loaders: Sequence[str], buffer: int = 1000) -> dict[str, dict]:
+def loader_orders(data, args: SimpleNamespace, loaders: Sequence[str], buffer: int = 1000) -> dict[str, dict]:
     """{loader: one epoch's keys in order, or {"note": ...}} (each epoch in a fresh process)."""
     from peer_data import ensure_format
     from peers import run_one
@@ -106,7 +108,7 @@ def loader_orders(data, args: argparse.Namespace, loaders: Sequence[str], buffer
     return orders
 
 
-def rows_for(data, args: argparse.Namespace, loaders: Sequence[str], buffer: int = 1000) -> dict[str, dict]:
+def rows_for(data, args: SimpleNamespace, loaders: Sequence[str], buffer: int = 1000) -> dict[str, dict]:
     stored, labels = data.labels()
     rows = {}
     for loader, order in loader_orders(data, args, loaders, buffer).items():
@@ -114,19 +116,19 @@ def rows_for(data, args: argparse.Namespace, loaders: Sequence[str], buffer: int
     return rows
 
 
-def project_rows(data, args: argparse.Namespace, workers: int, mix_shards: int) -> dict:
+def project_rows(data, args: SimpleNamespace, workers: int, mix_shards: int) -> dict:
     """The project's loader on `data`: one epoch with `workers` and `mix_shards`, its measures and rate."""
     from peers import run_one
 
     stored, labels = data.labels()
-    run_args = argparse.Namespace(**{**vars(args), "workers": workers})
+    run_args = SimpleNamespace(**{**vars(args), "workers": workers})
     result = run_one("project", data, args.size, run_args, isolated=not args.in_process, mix_shards=mix_shards)
     if "keys" not in result:
         return {"note": f"failed: {result.get('error')}"}
     return {**quality(result["keys"], stored, labels, args.batch_size), "rate": result["rate"]}
 
 
-def ddp_order(data, args: argparse.Namespace, world_size: int, workers: int, mix_shards: int) -> tuple[list, float]:
+def ddp_order(data, args: SimpleNamespace, world_size: int, workers: int, mix_shards: int) -> tuple[list, float]:
     """(the global order of a DDP epoch: step by step, rank 0's batch then rank 1's ..., the mean over ranks of
     the entropy ratio of each rank's batches), from the project's stream with a task that decodes nothing: the
     order of keys is the plan's and the shuffle's, whatever the task decodes."""
@@ -157,7 +159,7 @@ def ddp_order(data, args: argparse.Namespace, world_size: int, workers: int, mix
         stream.set_topology(world_size, rank)
         per_worker = []
         for worker in range(workers):
-            info = argparse.Namespace(id=worker, num_workers=workers)
+            info = SimpleNamespace(id=worker, num_workers=workers)
             with mock.patch("project.data.stream.get_worker_info", return_value=info):
                 per_worker.append([batch.keys for batch in stream])
         batches = [batch for step in itertools.zip_longest(*per_worker) for batch in step if batch is not None]
@@ -167,7 +169,7 @@ def ddp_order(data, args: argparse.Namespace, world_size: int, workers: int, mix
     return order, float(np.mean(ratios))
 
 
-def mixing_rows(data, args: argparse.Namespace) -> list[dict]:
+def mixing_rows(data, args: SimpleNamespace) -> list[dict]:
     """The project on the sorted set, one shard after another (mix_shards 1) and at its default (32), with 1, 2
     and 4 workers, and 2 DDP ranks of 2 workers."""
     stored, labels = data.labels()
@@ -184,7 +186,7 @@ def mixing_rows(data, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def mixing_cost(data, args: argparse.Namespace) -> dict:
+def mixing_cost(data, args: SimpleNamespace) -> dict:
     """Samples/s of the project's loader with mix_shards 1 and 32, epochs taking turns, `args.repeats` each."""
     from peers import run_one
 
@@ -232,20 +234,37 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from peer_data import demo_set, sorted_set
+def options(
+    *,
+    workers: int = 2,
+    batch_size: int = 128,
+    loaders: str | None = None,
+    repeats: int = 5,
+    json: str | None = None,
+    in_process: bool = False,
+) -> SimpleNamespace:
+    """How well each loader shuffles: its training order against a full random permutation of the same samples.
+
+    Args:
+        workers: DataLoader workers of every loader.
+        batch_size: samples per batch.
+        loaders: comma-separated loaders of benchmarks/peers.py (default: all of them).
+        repeats: epochs of each mix_shards for the throughput cost.
+        json: write the results to this file.
+        in_process: run the epochs in this process (tests).
+    """
     from peer_loaders import LOADERS
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--loaders", default=",".join(LOADERS))
-    parser.add_argument("--repeats", type=int, default=5, help="epochs of each mix_shards for the throughput cost")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--in-process", action="store_true", help="run the epochs in this process (tests)")
-    args = parser.parse_args(argv)
-    args.size = 32
-    loaders = [name for name in args.loaders.split(",") if name]
+    names = [name for name in (loaders or ",".join(LOADERS)).split(",") if name]
+    given = {"workers": workers, "batch_size": batch_size, "repeats": repeats, "json": json}
+    return SimpleNamespace(**given, loaders=names, in_process=in_process, size=32)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from peer_data import demo_set, sorted_set
+
+    args = run_command(options, "benchmarks/shuffle_quality.py", argv)
+    loaders = args.loaders
     demo = demo_set()
     sorted_demo = sorted_set(demo)
     sets = {data.name: rows_for(data, args, loaders) for data in (demo, sorted_demo)}
@@ -259,4 +278,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

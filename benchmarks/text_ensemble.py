@@ -11,13 +11,13 @@ and the sum's; standardised scores summed, and raw log-probabilities summed, are
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import torch
 from calibration import split_logits  # benchmarks/calibration.py, beside this script
 
+from project.commands import run_command
+from project.errors import UserError, run_main
 from project.export.run import load_run
 from project.tasks.calibration import Temperature
 
@@ -44,23 +44,27 @@ def standardised(logits: torch.Tensor) -> torch.Tensor:
     return centred / (centred.std(1, keepdim=True) + 1e-9)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, required=True, help="the prepared set the checkpoints were trained on")
-    parser.add_argument("checkpoints", type=Path, nargs="+")
-    args = parser.parse_args()
-    if len(args.checkpoints) < 2:
-        sys.exit("give two checkpoints or more")
-    runs = [run_logits(path, args.root) for path in args.checkpoints]
+def text_ensemble(checkpoints: list[Path], *, root: Path) -> None:
+    """Text classifiers of the same splits combined: their calibrated log-probabilities summed over the test split.
+
+    Each one's logits are divided by the temperature that fits its val split best.
+
+    Args:
+        checkpoints: two checkpoints or more, of runs on the same splits.
+        root: the prepared set the checkpoints were trained on.
+    """
+    if len(checkpoints) < 2:
+        raise UserError("give two checkpoints or more")
+    runs = [run_logits(Path(path), Path(root)) for path in checkpoints]
     labels = runs[0]["test"][1]
     if any(not torch.equal(run[split][1], runs[0][split][1]) for run in runs for split in ("val", "test")):
-        sys.exit("the checkpoints' loaders read the texts in different orders: are they of the same splits?")
+        raise UserError("the checkpoints' loaders read the texts in different orders: are they of the same splits?")
 
     def accuracy(scores: torch.Tensor) -> float:
         return float((scores.argmax(1) == labels).float().mean())
 
     summed = torch.zeros_like(runs[0]["test"][0])
-    for path, run in zip(args.checkpoints, runs, strict=True):
+    for path, run in zip(checkpoints, runs, strict=True):
         log_probabilities, temperature = calibrated(run["val"], run["test"][0])
         summed += log_probabilities
         print(f"{path}: test acc {accuracy(run['test'][0]):.3f}, T {temperature:.3f}")
@@ -69,5 +73,9 @@ def main() -> None:
     print(f"raw log-probabilities summed: {accuracy(sum(run['test'][0].log_softmax(-1) for run in runs)):.3f}")
 
 
+def main(argv: list[str] | None = None) -> None:
+    run_command(text_ensemble, "benchmarks/text_ensemble.py", argv)
+
+
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -2,9 +2,9 @@
 
     python benchmarks/text_corpora.py --out data/corpora            # build the sets first (offline)
     python benchmarks/text_real.py --corpora data/corpora --work data/text-real \
-        [--sets debian-2k,docs-2k] [--variants nbsvm cnn transformer bag] [--json results.jsonl] \
-        [--split_seeds 0,1,2] [--variants default pretrained --pretrained data/models/all-MiniLM-L6-v2] \
-        [--ensemble nbsvm+pretrained]
+        [--sets debian-2k,docs-2k] [--variants [nbsvm,cnn,transformer,bag]] [--json results.jsonl] \
+        [--split_seeds 0,1,2] [--variants [default,pretrained] --pretrained data/models/all-MiniLM-L6-v2] \
+        [--ensemble [nbsvm+pretrained]]
 
 For each set: `prepare --text` (80/10/10), `tokenizer`, `baseline`, then one training run per variant, each
 with configs/text/nbsvm.yaml (the model trained from nothing) and the variant's overrides, as a user would type
@@ -16,7 +16,7 @@ tokenizer's report. Steps that are done (a prepared set, a tokenizer, a baseline
 
 `--ensemble A+B` adds a row per set for the variants' latest runs there (this invocation's, or an earlier one's
 in the same --work), combined as a user would: `predict --log_probs true` of the test split with each run's
-tested checkpoint, then `python -m project.ensemble`. `--variants` may then be empty, to combine runs made before.
+tested checkpoint, then `python -m project.ensemble`. `--variants []` then combines runs made before.
 
 A 2k set's test split holds 200 texts, so one text is half a point and the split alone moves a model by
 several. `--split_seeds 0,1,2` splits each set again with `prepare --seed N` (in WORK/SET-splitN; 0 is the
@@ -26,13 +26,15 @@ the baseline.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+from project.commands import run_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "text" / "nbsvm.yaml"  # what the variants from nothing override
@@ -160,25 +162,46 @@ def seed_list(text: str) -> list[int]:
     try:
         return [int(seed) for seed in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds separated by commas, e.g. 0,1,2, not {text!r}") from None
+        sys.exit(f"--split_seeds: seeds separated by commas, e.g. 0,1,2, not {text!r}")
 
 
-def arguments() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpora", type=Path, default=ROOT / "data" / "corpora")
-    parser.add_argument("--work", type=Path, default=ROOT / "data" / "text-real")
-    parser.add_argument("--sets", default="debian-2k,debian-10k,debian-50k,docs-2k,docs-10k")
-    parser.add_argument("--variants", nargs="*", default=["nbsvm", "cnn", "transformer", "bag"])
-    parser.add_argument("--ensemble", nargs="*", default=[], help="variants to combine, e.g. nbsvm+pretrained")
-    parser.add_argument("--json", type=Path, help="append each result as a JSON line")
-    parser.add_argument("--split_seeds", default="0", type=seed_list, help="prepare's --seed of each split, e.g. 0,1,2")
-    parser.add_argument(
-        "--pretrained", type=Path, help="the Hugging Face folder the variants default and pretrained read"
+def options(
+    *,
+    corpora: Path = ROOT / "data" / "corpora",
+    work: Path = ROOT / "data" / "text-real",
+    sets: str = "debian-2k,debian-10k,debian-50k,docs-2k,docs-10k",
+    variants: tuple[str, ...] = ("nbsvm", "cnn", "transformer", "bag"),
+    ensemble: tuple[str, ...] = (),
+    json: Path | None = None,
+    split_seeds: str = "0",
+    pretrained: Path | None = None,
+) -> SimpleNamespace:
+    """The text task on real texts: the linear baseline, configs/text/default.yaml and each encoder, on each set.
+
+    Args:
+        corpora: the folder benchmarks/text_corpora.py built the sets in.
+        work: the folder of the prepared sets, tokenizers and runs.
+        sets: the sets, comma-separated.
+        variants: the variants trained, each a name of VARIANTS or NAME:--key=value,... (`[nbsvm,cnn]`; quoted
+            where a variant holds a comma: `'["quick:--trainer.max_epochs=2,--data.hash_buckets=4096"]'`).
+        ensemble: variants to combine, e.g. `[nbsvm+pretrained]`.
+        json: append each result as a JSON line to this file.
+        split_seeds: prepare's --seed of each split, comma-separated, e.g. 0,1,2.
+        pretrained: the Hugging Face folder the variants default and pretrained read.
+    """
+    return SimpleNamespace(
+        corpora=Path(corpora),
+        work=Path(work),
+        sets=sets,
+        variants=list(variants),
+        ensemble=list(ensemble),
+        json=json,
+        split_seeds=seed_list(split_seeds),
+        pretrained=pretrained and Path(pretrained),
     )
-    return parser.parse_args()
 
 
-def chosen_variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+def chosen_variants(args: SimpleNamespace) -> list[tuple[str, list[str]]]:
     """The --variants with their overrides; those of CONFIGS read their encoder's folder from --pretrained."""
     variants = [parse_variant(text) for text in args.variants]
     if needing := [name for name, _ in variants if name in CONFIGS]:
@@ -192,7 +215,7 @@ def chosen_variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 
 
 def run_split(
-    args: argparse.Namespace,
+    args: SimpleNamespace,
     variants: list[tuple[str, list[str]]],
     name: str,
     seed: int,
@@ -235,8 +258,8 @@ def print_means(results: dict[tuple[str, str], list[tuple[float, float]]], split
         print(f"| {name} | {model} | {mean:.3f} | {mean / base:.3f} | {above} of {len(pairs)} |")
 
 
-def main() -> None:
-    args = arguments()
+def main(argv: list[str] | None = None) -> None:
+    args = run_command(options, "benchmarks/text_real.py", argv)
     variants = chosen_variants(args)
     seeds = args.split_seeds
     print("| set | texts | model | test acc | ÷ baseline | epochs | wall s |\n|---|---|---|---|---|---|---|")

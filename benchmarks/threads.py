@@ -22,7 +22,6 @@ steps.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -31,6 +30,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+from project.commands import command_line, command_parser, parse_tool_arguments
+from project.errors import UserError, run_main
+
+SCRIPT = "benchmarks/threads.py"
 
 THREADED = ["--data.num_workers=0", "--data.decode_threads=2"]
 INPUT_BOUND = ["--data.augment=strong", "--model.backbone.width=4"]
@@ -88,37 +93,62 @@ def measure(scenario: list[str], threads: int | None, epochs: int) -> dict:
     env.pop("OMP_NUM_THREADS", None)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    command = [sys.executable, __file__, "--one", "--", f"--trainer.max_epochs={epochs}", *RUN, *scenario]
+    command = [sys.executable, __file__, "--one", "true", f"--trainer.max_epochs={epochs}", *RUN, *scenario]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"run failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=5, help="epochs a run trains (the default run's 5)")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument(
-        "--scenarios", default="default,one-worker,input-bound", help="comma-separated: " + ", ".join(SCENARIOS)
-    )
-    parser.add_argument("--settings", default=None, help="comma-separated: policy and thread counts (default: all)")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one:
-        return one_run(args.rest)
-    names = args.scenarios.split(",")
-    unknown = [name for name in names if name not in SCENARIOS]
-    if unknown:
-        parser.error(f"--scenarios: unknown {', '.join(unknown)} (choose from {', '.join(SCENARIOS)})")
+def options(
+    *,
+    epochs: int = 5,
+    repeats: int = 2,
+    scenarios: str = "default,one-worker,input-bound",
+    settings: str | None = None,
+    json: Path | None = None,
+    one: bool = False,
+) -> SimpleNamespace:
+    """The thread policy against fixed thread counts: training steps/s of the default run's epochs.
+
+    Args:
+        epochs: epochs a run trains (the default run's 5).
+        repeats: runs of each scenario and setting (medians).
+        scenarios: comma-separated, of default, one-worker, input-bound, decode-threads, input-bound-threads.
+        settings: comma-separated: policy and thread counts (default: policy, 1, 2 and every core).
+        json: write the results to this file.
+        one: (internal) fit one run of the train arguments that follow, in this process, and print its figures.
+    """
+    names = scenarios.split(",")
+    if unknown := [name for name in names if name not in SCENARIOS]:
+        raise UserError(f"--scenarios: unknown {', '.join(unknown)} (choose from {', '.join(SCENARIOS)})")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    settings: list[int | None] = [None, *sorted({1, 2, cores})]
-    if args.settings:
-        settings = [None if s == "policy" else int(s) for s in args.settings.split(",")]
-        if None not in settings:
-            parser.error("--settings must include policy")
+    counts: list[int | None] = [None, *sorted({1, 2, cores})]
+    if settings:
+        counts = [None if s == "policy" else int(s) for s in settings.split(",")]
+        if None not in counts:
+            raise UserError("--settings must include policy")
+    return SimpleNamespace(epochs=epochs, repeats=repeats, scenarios=names, settings=counts, json=json, one=one)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The benchmark; with `--one true`, one run of the train arguments that follow (`measure` starts it)."""
+    given = command_line(argv)
+    if "-h" in given or "--help" in given:
+        print(command_parser(options, SCRIPT, config=False).format_help())
+        raise SystemExit(0)
+    mine, rest = parse_tool_arguments(options, SCRIPT, given)
+    args = options(**mine)
+    if args.one:
+        return one_run(rest)
+    if rest:
+        raise UserError(f"unknown arguments {rest}: train arguments go only to a --one true run")
+    return compare(args)
+
+
+def compare(args: SimpleNamespace) -> None:
+    """Every scenario under every setting, printed as a table (and written to --json)."""
+    names, settings = args.scenarios, args.settings
     results = {}
     print(
         f"{'scenario':<12} {'policy':>16} "
@@ -146,8 +176,8 @@ def main() -> None:
         print(f"{name:<12} {policy:>16} {fixed} {rates['None'] / best:>12.3f}  peak RSS {rss:,.0f} MB", flush=True)
     print("(training steps/s over the run's epochs, median of repeats; policy/best: against the fastest fixed count)")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,7 +1,7 @@
 """What starting DataLoader workers from a forkserver costs, against forking the training process and
 against spawning fresh interpreters: the project's train loader on the same shards, interleaved.
 
-    python benchmarks/worker_start.py [--data DIR] [--workers N] [--samples N] [--repeats R] [--json]
+    python benchmarks/worker_start.py [--data DIR] [--workers N] [--samples N] [--repeats R] [--json true]
 
 For each start method it measures, as medians of R repeats: the time from iter() to the first batch
 (the workers' start, paid once per epoch and stage since workers are not persistent) and samples/s of
@@ -15,7 +15,6 @@ project/data/workers.py, `preload`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -23,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 METHODS = ("fork", "forkserver", "spawn")
 SERVER_START = (
@@ -43,15 +43,26 @@ def one_epoch(index: Path, workers: int, method: str, settings: dict) -> tuple[f
     return first, count / (time.perf_counter() - start)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="data/demo", help="a folder with a train/ split")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--samples", type=int, default=5000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def options(
+    *, data: str = "data/demo", workers: int = 2, samples: int = 5000, repeats: int = 5, json: bool = False
+) -> SimpleNamespace:
+    """Worker start by fork, forkserver and spawn: the first batch's wait and the epoch's samples/s.
+
+    Args:
+        data: a folder with a train/ split.
+        workers: DataLoader workers.
+        samples: training samples an epoch reads.
+        repeats: epochs per start method (medians).
+        json: end with one line of JSON.
+    """
+    return SimpleNamespace(data=data, workers=workers, samples=samples, repeats=repeats, json=json)
+
+
+def main(argv: list[str] | None = None) -> None:
     # imported here, not at the top: workers that forkserver or spawn start run this script again
+    from project.commands import run_command
+
+    args = run_command(options, "benchmarks/worker_start.py", argv)
     from project.bench.images import subset_index
     from project.bench.run import data_settings
     from project.data.specs import resolve_shards

@@ -26,7 +26,9 @@ from project.redact import redact_text
 
 def invocation(module: str) -> str:
     """How the command was started, for its usage line: `python -m project.shards.prepare`, or the name of the
-    console script (`shards-prepare`)."""
+    console script (`shards-prepare`); a script named by its path (`benchmarks/peers.py`) as `python PATH`."""
+    if module.endswith(".py"):
+        return f"python {module}"
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
     if not name or name.endswith(".py") or name.startswith("project.") or name in ("-m", "-c") or "pytest" in name:
         return f"python -m {module}"

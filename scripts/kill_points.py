@@ -17,7 +17,6 @@ per kill point: the moment, what was on disk after the kill, and the outcome; ex
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from project.commands import run_command  # noqa: E402
 from project.tasks.image.demo import make_demo  # noqa: E402
 from tests.conftest import run_module  # noqa: E402
 from tests.test_crashes import (  # noqa: E402
@@ -100,24 +100,25 @@ def kill_point(data: Path, folder: Path, moment: tuple) -> str:
     return at
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--points", type=int, default=20, help="how many kill points (default 20)")
-    parser.add_argument("--seed", type=int, default=0, help="draws the kill moments (default 0)")
-    parser.add_argument("--keep", type=Path, help="keep every run's folder here (default: a temporary folder)")
-    args = parser.parse_args()
+def kill_points(*, points: int = 20, seed: int = 0, keep: Path | None = None) -> None:
+    """SIGKILL a short training run at random moments and check that `--ckpt_path last` resumes it exactly.
 
+    Args:
+        points: how many kill points.
+        seed: draws the kill moments.
+        keep: keep every run's folder here (default: a temporary folder).
+    """
     with tempfile.TemporaryDirectory(prefix="kill_points-") as scratch:
-        root = args.keep or Path(scratch)
+        root = Path(keep) if keep else Path(scratch)
         data = root / "demo"
         if not (data / "train").is_dir():
             make_demo(data, train=300, val=40, test=40, image_size=16, samples_per_shard=50, workers=1, quiet=True)
         startup, expected = reference(data, root / "whole")
         print(
-            f"uninterrupted run: first step after {startup:.1f} s; {args.points} kill points, seed {args.seed}\n",
+            f"uninterrupted run: first step after {startup:.1f} s; {points} kill points, seed {seed}\n",
             flush=True,
         )
-        moments = draw_moments(args.points, args.seed, startup)
+        moments = draw_moments(points, seed, startup)
         print(f"{'#':>3}  {'killed':<36} {'on disk after the kill':<36} outcome of --ckpt_path last")
         tally: dict[str, int] = {}
         for number, moment in enumerate(moments, 1):
@@ -132,6 +133,10 @@ def main() -> None:
         print("\n" + ", ".join(f"{count} {result}" for result, count in sorted(tally.items())))
     if any(result.startswith("FAIL") for result in tally):
         raise SystemExit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_command(kill_points, "scripts/kill_points.py", argv)
 
 
 if __name__ == "__main__":
