@@ -4,7 +4,7 @@
 # fed by the project's pipeline from shards (decoding in the workers, then with data.decode_on=device),
 # against synthetic batches already on the GPU (the upper bound). Prints both and their ratio; about 2-3
 # minutes, most of it writing the demo shards and cuDNN's first steps.
-#   scripts/gpu_bench.sh [--workers N] [--batch-size 256] [--steps 60] [--json]
+#   scripts/gpu_bench.sh [--workers N] [--batch_size 256] [--steps 60] [--json true]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}

@@ -38,7 +38,7 @@ def test_photos_are_cut_to_the_size_as_jpegs_and_a_folder_without_pictures_is_on
 @pytest.mark.slow
 def test_augment_cost_reports_every_size_before_and_after(tmp_path, monkeypatch):
     out = tmp_path / "augment.json"
-    argv = ["augment_cost.py", "--samples", "8", "--loader-samples", "300", "--repeats", "1", "--json", str(out)]
+    argv = ["augment_cost.py", "--samples", "8", "--loader_samples", "300", "--repeats", "1", "--json", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
     threads = torch.get_num_threads()
     try:

@@ -20,6 +20,7 @@ from .conftest import REPO
 if str(REPO / "benchmarks") not in sys.path:
     sys.path.insert(0, str(REPO / "benchmarks"))
 corpora = importlib.import_module("text_corpora")
+pools = importlib.import_module("text_pools")
 
 
 def test_a_debian_long_description_becomes_plain_paragraphs():
@@ -35,14 +36,14 @@ def test_a_debian_long_description_becomes_plain_paragraphs():
             " The end.",
         ]
     )
-    assert corpora.undo_debian(long) == (
+    assert pools.undo_debian(long) == (
         "This package provides a library wrapped over two lines.\n\nFeatures:\n * fast\n * small\n\nThe end."
     )
 
 
 def test_deb822_stanzas_keep_their_continuation_lines():
     text = "Package: a\nDescription-en: short\n first line\n .\n second\n\nPackage: b\nSection: libs\n"
-    assert corpora.stanzas(text) == [
+    assert pools.stanzas(text) == [
         {"Package": "a", "Description-en": "short\n first line\n .\n second"},
         {"Package": "b", "Section": "libs"},
     ]
@@ -50,7 +51,7 @@ def test_deb822_stanzas_keep_their_continuation_lines():
 
 def test_a_text_whose_copies_carry_different_labels_is_dropped_and_counted():
     rows = [("same", "x"), ("same", "x"), ("torn", "x"), ("torn", "y"), ("alone", "z")]
-    pool = corpora.Pool("test", rows, [], [])
+    pool = pools.Pool("test", rows, [], [])
     assert pool.rows == [("same", "x"), ("alone", "z")]
     assert pool.notes[-1] == (
         "5 texts read; 1 exact duplicates of a kept text dropped; 2 copies of 1 texts whose copies carry "
@@ -65,16 +66,16 @@ def test_docstrings_are_read_without_running_the_file(tmp_path):
         f'"""The module\'s docstring."""\nopen({str(ran)!r}, "w").close()\n'
         'class A:\n    """A class."""\n    def f(self):\n        """A method."""\n'
     )
-    assert corpora.docstrings(source) == ["The module's docstring.", "A class.", "A method."]
+    assert pools.docstrings(source) == ["The module's docstring.", "A class.", "A method."]
     assert not ran.exists()
     (tmp_path / "broken.py").write_text('"""Never read."""\ndef (:\n')
-    assert corpora.docstrings(tmp_path / "broken.py") == []
+    assert pools.docstrings(tmp_path / "broken.py") == []
 
 
 def test_a_drawn_set_keeps_only_classes_over_the_floor_and_tops_up_from_further_along():
     # along the order: 60 texts of which 8 are of the rare class, then only the common ones
     rows = [(f"text {i}", "rare" if i % 7 == 0 and i < 56 else ("a" if i % 2 else "b")) for i in range(300)]
-    pool = corpora.Pool("test", rows, [], [])
+    pool = pools.Pool("test", rows, [], [])
     chosen, floor, dropped = corpora.draw(pool, list(range(300)), 60, set())
     assert floor == corpora.MIN_CLASS and dropped == ["rare"]
     assert len(chosen) == 60 and all(pool.rows[i][1] != "rare" for i in chosen)
@@ -86,7 +87,7 @@ def test_a_drawn_set_keeps_only_classes_over_the_floor_and_tops_up_from_further_
 
 def test_tune_sets_are_disjoint_from_the_report_sets_and_hold_only_their_classes(tmp_path, monkeypatch):
     rows = [(f"docstring number {i} " * 3, f"package{i % 5}") for i in range(3000)]
-    monkeypatch.setattr(corpora, "docs_pool", lambda: corpora.Pool("test", rows, ["here"], []))
+    monkeypatch.setattr(corpora, "docs_pool", lambda: pools.Pool("test", rows, ["here"], []))
     small = (("docs-2k", 200, ()), ("docs-10k", 1000, ()), ("docs-tune-2k", 300, ("docs-2k", "docs-10k")))
     monkeypatch.setitem(corpora.SETS, "docs", small)
     corpora.build("docs", tmp_path, seed=0)
@@ -126,13 +127,17 @@ def test_text_real_reports_each_model_beside_the_baseline_on_each_split(tmp_path
     quick = "--trainer.max_epochs=2,--data.hash_buckets=4096"  # two short runs of nbsvm's model
     command = [sys.executable, str(REPO / "benchmarks" / "text_real.py"), "--corpora", str(tmp_path / "corpora")]
     command += ["--work", str(tmp_path / "work"), "--sets", "tiny", "--split_seeds", "0,1", "--json", str(results)]
-    command += ["--ensemble", "quick+quick2", "--variants", f"quick:{quick}"]
-    folderless = subprocess.run([*command, "default"], capture_output=True, text=True, cwd=tmp_path)
+    command += ["--ensemble", "[quick+quick2]", "--variants"]
+
+    def variants(*names: str) -> list[str]:
+        return [*command, json.dumps([f"quick:{quick}", *names])]
+
+    folderless = subprocess.run(variants("default"), capture_output=True, text=True, cwd=tmp_path)
     assert folderless.returncode != 0 and "--variants default needs --pretrained FOLDER" in folderless.stderr
-    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(variants(), capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode != 0 and "no finished run of quick2 on tiny" in done.stderr  # refused, not guessed
     assert not results.exists()
-    done = subprocess.run([*command, f"quick2:{quick}"], capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(variants(f"quick2:{quick}"), capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert Counter((row["split_seed"], row["model"]) for row in rows) == {
