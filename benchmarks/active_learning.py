@@ -22,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from project.active.curves import claim_lines, compare, summarize
-from project.commands import command_line, command_parser, parse_tool_arguments
+from project.commands import parse_tool_arguments
 from project.errors import run_main
 
 SCRIPT = "benchmarks/active_learning.py"
@@ -55,11 +55,7 @@ def settings(
 
 def main(argv: list[str] | None = None) -> None:
     """The benchmark's options and, after them, train overrides for every run (`--trainer.max_epochs=2`)."""
-    given = command_line(argv)
-    if "-h" in given or "--help" in given:
-        print(command_parser(settings, SCRIPT, config=False).format_help())
-        raise SystemExit(0)
-    mine, overrides = parse_tool_arguments(settings, SCRIPT, given)
+    mine, overrides = parse_tool_arguments(settings, SCRIPT, argv)
     options = settings(**mine)
     pool = Path("data/demo/train")
     size = sum(shard["nsamples"] for shard in json.loads((pool / "shardindex.json").read_text())["shardlist"])

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from project.commands import command_line, command_parser, parse_tool_arguments
+from project.commands import parse_tool_arguments
 from project.errors import UserError, run_main
 
 SCRIPT = "benchmarks/threads.py"
@@ -133,11 +133,7 @@ def options(
 
 def main(argv: list[str] | None = None) -> None:
     """The benchmark; with `--one true`, one run of the train arguments that follow (`measure` starts it)."""
-    given = command_line(argv)
-    if "-h" in given or "--help" in given:
-        print(command_parser(options, SCRIPT, config=False).format_help())
-        raise SystemExit(0)
-    mine, rest = parse_tool_arguments(options, SCRIPT, given)
+    mine, rest = parse_tool_arguments(options, SCRIPT, argv)
     args = options(**mine)
     if args.one:
         return one_run(rest)

@@ -13,7 +13,7 @@ import functools
 import importlib
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,3 +57,22 @@ def literal_values(hint: Any) -> set[str]:
     if typing.get_origin(hint) is Literal:
         return {value for value in typing.get_args(hint) if isinstance(value, str)}
     return set().union(*(literal_values(argument) for argument in typing.get_args(hint)))
+
+
+def setting_kinds(
+    value: dict, kind: Any, class_path: Any, class_keys: tuple[str, ...]
+) -> Iterator[tuple[Any, Any, Any]]:
+    """Each (key, item, what it may be) of a mapping in a config tree, once its `class_path` (None: it names no
+    class) is allowed: None any string, a set the only strings, a function a class's init_args (`class_settings`).
+    The walkers of a run folder's config and of a checkpoint's hyperparameters both take it; `class_keys` are the
+    keys whose string is a class the walker has checked."""
+    for key, item in value.items():
+        if callable(kind):  # a class's init_args: each setting as its type says
+            inner = kind(key)
+        elif class_path is None:
+            inner = kind
+        elif key == "init_args" and isinstance(item, dict):
+            inner = class_settings(class_path)
+        else:
+            inner = None if key in class_keys else frozenset()
+        yield key, item, inner

@@ -110,13 +110,17 @@ def arguments(parser: ArgumentParser, config: Namespace) -> dict[str, Any]:
 
 
 def parse_tool_arguments(
-    function: Callable, module: str, args: Sequence[str] | None = None
+    function: Callable, module: str, args: Sequence[str] | None = None, on_help: Callable[[str], Any] = print
 ) -> tuple[dict[str, Any], list[str]]:
     """A training tool's own options (keyword arguments of `function`) and the rest, for its runs. A token
-    naming one of the tool's options (`--budget 10`, `--budget=10`) is the tool's, with its value."""
+    naming one of the tool's options (`--budget 10`, `--budget=10`) is the tool's, with its value. With `-h` or
+    `--help`, `on_help` gets the tool's own help (a tool that passes train options on adds train's), then exit."""
     parser = command_parser(function, module, config=False)
     options = option_names(parser) - {"--print_config"}
     args = command_line(args)
+    if "-h" in args or "--help" in args:
+        on_help(parser.format_help())
+        raise SystemExit(0)
     printing = any(arg.partition("=")[0] == "--print_config" for arg in args)  # `--print_config=x` too
     mine, rest, position = [], [], 0
     while position < len(args):

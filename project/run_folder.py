@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from project.class_strings import class_settings
+from project.class_strings import setting_kinds
 from project.data.private import private_folder
 from project.errors import UserError
 from project.redact import redact
@@ -220,18 +220,9 @@ def dict_items(path: Path, at: tuple, value: dict, kind: Any, named: Container[s
             "nor a class your configs name: a run folder's config may not import it (give the run's config "
             "with --config FILE if you trust it)"
         )
-    items = []
-    for key, item in value.items():
-        if callable(kind):  # a class's init_args: each setting as its type says
-            inner = kind(key)
-        elif class_path is None:
-            inner = kind
-        elif key == "init_args" and isinstance(item, dict):
-            inner = class_settings(class_path)
-        else:
-            inner = None if key == "class_path" else frozenset()
-        items.append(((at, ".", key), item, inner))
-    return items
+    return [
+        ((at, ".", key), item, inner) for key, item, inner in setting_kinds(value, kind, class_path, ("class_path",))
+    ]
 
 
 def where(at: tuple | None) -> str:

@@ -24,7 +24,7 @@ matplotlib.use("Agg")  # files only: no display needed, on servers too
 import matplotlib.pyplot as plt  # noqa: E402
 
 from project.cli import ConfigOnlyCLI, ProjectCLI, print_train_help  # noqa: E402
-from project.commands import command_line, command_parser, parse_tool_arguments  # noqa: E402
+from project.commands import command_line, parse_tool_arguments  # noqa: E402
 from project.errors import UserError, run_main  # noqa: E402
 
 MODULE = "project.scaling"
@@ -45,9 +45,7 @@ def options(*, fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0), metric: str
 
 def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
     """(scaling options, train overrides): every argument scaling does not know goes to the runs."""
-    if "-h" in args or "--help" in args:
-        print_train_help(command_parser(options, MODULE, config=False).format_help())
-    given, overrides = parse_tool_arguments(options, MODULE, args)
+    given, overrides = parse_tool_arguments(options, MODULE, args, on_help=print_train_help)
     if any(arg.startswith("--data.fraction") for arg in overrides):
         raise UserError("--data.fraction: scaling sets it for each run; use --fractions")
     return options(**given), overrides

@@ -46,7 +46,7 @@ from project.active.oracle import get_labels
 from project.active.strategies import make_strategy, parse_strategies
 from project.cli import CONFIG_DIR, ConfigOnlyCLI, print_train_help
 from project.cli_help import import_class
-from project.commands import command_line, command_parser, parse_tool_arguments
+from project.commands import command_line, parse_tool_arguments
 from project.data.paths import check_output
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index
 from project.data.specs import SHARD_SUFFIXES, resolve_shards
@@ -112,9 +112,7 @@ def options(
 
 def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
     """(active-learning options, train overrides)."""
-    if "-h" in args or "--help" in args:
-        print_train_help(command_parser(options, MODULE, config=False).format_help())
-    given, overrides = parse_tool_arguments(options, MODULE, args)
+    given, overrides = parse_tool_arguments(options, MODULE, args, on_help=print_train_help)
     for flag, why in (("--ckpt_path", "every round trains its own model"), ("--data.train", "the labeled set is")):
         if any(arg == flag or arg.startswith(f"{flag}=") for arg in overrides):
             raise UserError(f"{flag} cannot be set for active learning: {why} the training split")

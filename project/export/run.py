@@ -47,7 +47,7 @@ from rich.console import Console
 from project.callbacks.checkpoint_io import is_local, load_checkpoint_file, local_checkpoint
 from project.checkpoint_cli import CheckpointCLI
 from project.cli import ProjectCLI, print_train_help
-from project.commands import command_line, command_parser, parse_tool_arguments
+from project.commands import command_line, parse_tool_arguments
 from project.data.atomic import replace_atomically, write_json_atomically
 from project.data.paths import check_output, make_folder
 from project.errors import UserError, run_main
@@ -106,12 +106,13 @@ def options(
     )
 
 
+def export_help(usage: str) -> None:
+    print_train_help(usage + "\nThey override the run's config (e.g. --data.num_workers 0).")
+
+
 def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
     """(export options, overrides of the run's config)."""
-    if "-h" in args or "--help" in args:
-        usage = command_parser(options, "project.export", config=False).format_help()
-        print_train_help(usage + "\nThey override the run's config (e.g. --data.num_workers 0).")
-    given, overrides = parse_tool_arguments(options, "project.export", args)
+    given, overrides = parse_tool_arguments(options, "project.export", args, on_help=export_help)
     return options(**given), overrides
 
 

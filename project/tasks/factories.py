@@ -8,7 +8,7 @@ import inspect
 import sys
 from typing import Any
 
-from project.class_strings import class_settings
+from project.class_strings import class_settings, setting_kinds
 from project.errors import UserError
 from project.run_folder import allowed_class
 from project.shown import abbreviated, shown
@@ -69,23 +69,13 @@ def check_classes(arguments: dict, where: str, owner: type) -> None:
 
 
 def mapping_items(place: str, value: dict, kind: Any, where: str) -> list[tuple[str, Any, Any]]:
-    """A mapping's items for `check_classes`, each with what it may be (as run_folder.py's `dict_items`): None
-    any string, a set the only strings, a function a class's init_args; once its class_path is allowed."""
+    """A mapping's items for `check_classes`, each with what it may be (`setting_kinds`), once its class_path is
+    allowed."""
     class_path = next((value[key] for key in ("class_path", "_class_path") if key in value), None)
     if class_path is not None:
         check_class(class_path, where)
-    items = []
-    for key, item in value.items():
-        if callable(kind):  # a class's init_args: each setting as its type says
-            inner = kind(key)
-        elif class_path is None:
-            inner = kind
-        elif key == "init_args" and isinstance(item, dict):
-            inner = class_settings(class_path)
-        else:
-            inner = None if key in ("class_path", "_class_path") else frozenset()
-        items.append((f"{place}.{shown(str(key)[:100])}", item, inner))
-    return items
+    kinds = setting_kinds(value, kind, class_path, ("class_path", "_class_path"))
+    return [(f"{place}.{shown(str(key)[:100])}", item, inner) for key, item, inner in kinds]
 
 
 def check_class(class_path: Any, where: str) -> None:

@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 
 from project.cli import ConfigOnlyCLI, print_train_help
-from project.commands import command_line, command_parser, parse_tool_arguments
+from project.commands import command_line, parse_tool_arguments
 from project.data.paths import check_output
 from project.errors import UserError, run_main
 from project.redact import redact
@@ -97,9 +97,7 @@ def options(
 
 def parse_args(args: list[str]) -> tuple[SimpleNamespace, list[str]]:
     """(tune options, train overrides): every argument tune does not know goes to the trials."""
-    if "-h" in args or "--help" in args:
-        print_train_help(command_parser(options, "project.tune", config=False).format_help())
-    given, overrides = parse_tool_arguments(options, "project.tune", args)
+    given, overrides = parse_tool_arguments(options, "project.tune", args, on_help=print_train_help)
     if "--ckpt_path" in overrides or any(arg.startswith("--ckpt_path=") for arg in overrides):
         raise UserError("--ckpt_path: every trial trains from scratch; tune does not resume checkpoints")
     return options(**given), overrides
