@@ -19,7 +19,6 @@ import base64
 import hashlib
 import io
 import os
-import re
 import time
 import urllib.error
 import urllib.request
@@ -31,19 +30,10 @@ from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 from project.data.atomic import write_atomically
 from project.data.bounded import Bounded, Limit, TooLong, content_length, tighter
 from project.data.paths import open_regular
-from project.errors import ShardError, UserError
+from project.data.stores import FsspecStream, filesystem, scheme_of
+from project.errors import ShardError
 
 NETWORK_ERRORS = (OSError, HTTPException, urllib.error.URLError)
-
-
-SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-
-
-def scheme_of(url: str) -> str:
-    """The url's scheme in lower case ("" for a path): read by hand, since urlparse raises on a stranger's
-    url such as `http://[x/y.tar` (an unclosed IPv6 host)."""
-    found = SCHEME.match(url)
-    return found.group(1).lower() if found else ""
 
 
 def is_remote(url: str) -> bool:
@@ -149,48 +139,6 @@ class HTTPStream(io.RawIOBase):
         super().close()
 
 
-class FsspecStream(io.RawIOBase):
-    """An fsspec file (s3://, gs://, ...) whose errors are OSErrors, so that a reader names the shard in
-    one line. The filesystem retries on its own, from the byte reached (s3fs: botocore's retries of refused
-    connections, its own of cut bodies), but gives up with its libraries' errors, which are no OSErrors
-    (botocore's EndpointConnectionError): they escaped the readers as tracebacks."""
-
-    def __init__(self, file: IO[bytes]) -> None:
-        self.file = file
-
-    @staticmethod
-    def call(method, *args):
-        try:
-            return method(*args)
-        except Exception as error:  # builtin ones (ImportError, ValueError, a bug's TypeError) pass as they are
-            if isinstance(error, OSError) or type(error).__module__ == "builtins":
-                raise
-            raise OSError(" ".join(f"{type(error).__name__}: {error}".split())) from error
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return self.file.seekable()
-
-    def read(self, size: int | None = -1) -> bytes:
-        return self.call(self.file.read, -1 if size is None else size)
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:
-        return self.call(self.file.readinto, buffer)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self.call(self.file.seek, offset, whence)
-
-    def tell(self) -> int:
-        return self.file.tell()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.file.close()
-        super().close()
-
-
 def _open_remote(url: str, limit: Limit | None = None) -> IO[bytes]:
     """A remote url's bytes; an http(s) or storage body stops a byte past `limit` (or its Content-Length)."""
     scheme = urlparse(url).scheme
@@ -206,17 +154,8 @@ def _open_remote(url: str, limit: Limit | None = None) -> IO[bytes]:
             stream.close()
             raise
         return io.BufferedReader(stream if limit is None else Bounded(stream, limit), buffer_size=1 << 20)
-    try:
-        import fsspec
-    except ImportError:  # pragma: no cover - fsspec comes with lightning
-        raise UserError(f"cannot open {url}: install fsspec (and s3fs for s3://)") from None
-    try:
-        stream = FsspecStream(FsspecStream.call(fsspec.open(url, "rb").open))
-    except ImportError as error:
-        raise UserError(
-            f"cannot open {url}: {error}; install the filesystem (pip install s3fs for s3://) "
-            "or write a pipe: url such as 'pipe:aws s3 cp s3://bucket/shard.tar -'"
-        ) from None
+    fs, path = filesystem(url)
+    stream = FsspecStream(FsspecStream.call(fs.open, path, "rb"))
     if limit is None:
         return stream
     size = getattr(stream.file, "size", None)

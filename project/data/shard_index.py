@@ -23,7 +23,8 @@ from urllib.parse import urljoin, urlsplit
 
 from project.data.atomic import write_atomically
 from project.data.bounded import Limit, TooLong
-from project.data.remote import is_remote, local_path, open_url, scheme_of
+from project.data.remote import is_remote, local_path, open_url
+from project.data.stores import scheme_of
 from project.errors import ShardError, UserError
 from project.redact import redact, redact_text
 
