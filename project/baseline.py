@@ -24,6 +24,7 @@ from project.callbacks.baseline import baseline_path, splits_fingerprint
 from project.cli_help import redacted_print_config
 from project.commands import arguments, command_line, command_parser
 from project.data.atomic import write_json_atomically
+from project.data.outputs import local_output
 from project.errors import UserError, run_main
 from project.tasks.text.data import TextShards
 
@@ -81,6 +82,7 @@ def baseline(data: TextShards, **kwargs: Any) -> dict[str, Any]:
     from project.tasks.text.linear import fit_linear, read_split
 
     check(kwargs["C"], kwargs["max_train_texts"], kwargs["name"])
+    local_output("--save_dir", kwargs["save_dir"], "baseline writes a local TensorBoard folder")
     quiet = kwargs["quiet"]
     fingerprint = splits_fingerprint(data)  # every split resolved: a missing one is one line, before reading
     train = read_split(data, "train", kwargs["max_train_texts"], quiet)

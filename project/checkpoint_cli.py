@@ -15,6 +15,7 @@ from project.callbacks.checkpoint_io import is_local, load_checkpoint_file
 from project.callbacks.predictions import check_output
 from project.cli import ProjectCLI
 from project.commands import command_line
+from project.data.outputs import local_output
 from project.errors import UserError
 from project.run_folder import (
     check_data_given,
@@ -134,6 +135,7 @@ class PredictCLI(CheckpointCLI):
             raise UserError("--data.predict is required: the shards or folder of files to predict on")
         if config.top_k < 1:
             raise UserError(f"--top_k must be at least 1, got {config.top_k}")
+        local_output("--out", config.out, "predict writes a local file")
         check_output(Path(config.out))
 
     def before_instantiate_classes(self) -> None:

@@ -27,6 +27,7 @@ from project.callbacks.threads import fixed_threads, loader_threads, threads_fix
 from project.cli_help import HelpRequested, RedactedErrors, print_help, redacted_print_config
 from project.commands import command_line, started_as
 from project.data.datamodule import ShardDataModule
+from project.data.outputs import check_run_outputs
 from project.errors import UserError, allocation_failure, causes, largest_settings, user_error_in
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -137,6 +138,7 @@ class ProjectCLI(LightningCLI):
         if getattr(self.parser, "help_requested", False):
             print_help(self.parser, self.config, {argument for _, argument in LINKS})
             raise SystemExit(0)
+        check_run_outputs(self.config)  # a url is no local folder: one line before anything is built
         if self.from_checkpoint:
             without_pretrained_weights(self.config)
         tokenizer_of_pretrained(self.config)

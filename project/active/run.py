@@ -47,6 +47,7 @@ from project.active.strategies import make_strategy, parse_strategies
 from project.cli import CONFIG_DIR, ConfigOnlyCLI, print_train_help
 from project.cli_help import import_class
 from project.commands import command_line, parse_tool_arguments
+from project.data.outputs import local_output
 from project.data.paths import check_output
 from project.data.shard_index import INDEX_NAME, ShardIndex, read_index
 from project.data.specs import SHARD_SUFFIXES, resolve_shards
@@ -89,6 +90,8 @@ def options(
         candidates: kcenter: the pool samples it compares (default: 10 x budget).
         run: the run folder (default: logs/<experiment>-active).
     """
+    local_output("--labeled", labeled, "active learning grows a local folder")
+    local_output("--run", run, "active learning writes a local folder")
     for name, value in (("budget", budget), ("seeds", seeds), ("initial", initial), ("candidates", candidates)):
         if value is not None and value < 1:
             raise UserError(f"--{name} must be at least 1, got {value}")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from project.commands import run_command
+from project.data.outputs import local_output
 from project.ensemble.join import Joined, ensemble_rows, summary
 from project.errors import UserError, run_main
 from project.shown import shown
@@ -58,6 +59,7 @@ def check(predictions: list[str], out: str | None, top_k: int) -> list[Path]:
     if top_k < 1:
         raise UserError(f"--top_k must be at least 1, got {top_k}")
     if out is not None:
+        local_output("--out", out, "ensemble writes a local file")
         check_output(Path(out))
         if Path(out).resolve() in {path.resolve() for path in paths}:
             raise UserError(f"--out {out} is one of the inputs")

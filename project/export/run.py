@@ -49,6 +49,7 @@ from project.checkpoint_cli import CheckpointCLI
 from project.cli import ProjectCLI, print_train_help
 from project.commands import command_line, parse_tool_arguments
 from project.data.atomic import replace_atomically, write_json_atomically
+from project.data.outputs import local_output
 from project.data.paths import check_output, make_folder
 from project.errors import UserError, run_main
 from project.export.checks import build_variants, inputs, measure, report_table, split_batches
@@ -84,6 +85,7 @@ def options(
         calibration_batches: batches to calibrate static int8 on.
         repeats: timed runs for the median latency.
     """
+    local_output("--out", out, "export writes a local folder")
     quantize = list(quantize or [])
     if is_local(ckpt_path) and not Path(ckpt_path).is_file():
         raise UserError(f"checkpoint not found: {ckpt_path}")

@@ -30,6 +30,7 @@ from rich.table import Table
 
 from project.commands import run_command
 from project.data.atomic import replace_atomically
+from project.data.outputs import local_output
 from project.data.remote import is_remote
 from project.data.samples import REFUSED, read_samples
 from project.data.shard_index import INDEX_NAME, ShardIndex
@@ -165,6 +166,7 @@ def command(
         near_jaccard: texts: the least Jaccard similarity of a near copy.
         workers: processes (leakage).
     """
+    local_output("--sheet", sheet, "inspect writes a local PNG file")
     console = Console()
     if leakage or fail_on_leakage:
         check_leakage(

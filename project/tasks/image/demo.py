@@ -25,6 +25,7 @@ from PIL import Image, ImageDraw
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from project.commands import run_command
+from project.data.outputs import local_output
 from project.data.parallel import imap_unordered
 from project.data.shard_index import INDEX_NAME, SHUFFLED_KEY, Shard, write_index
 from project.errors import UserError, run_main
@@ -229,6 +230,7 @@ def command(*, out: str, **kwargs: Any) -> None:
     Args:
         out: the folder to write train/, val/ and test/ into.
     """
+    local_output("--out", out, "the demo writes a local folder")
     folder = make_demo(out, **kwargs)
     print(f"wrote the demo task ({len(CLASSES)} classes) to {folder}/{{train,val,test}}")
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from project.commands import run_command
+from project.data.outputs import local_output
 from project.errors import UserError, run_main
 
 TOPICS = {
@@ -120,6 +121,7 @@ def command(*, out: str = "data/text-demo", quiet: bool = False, **kwargs: Any) 
         out: the output folder.
         quiet: no progress bars.
     """
+    local_output("--out", out, "the demo writes a local folder")
     make_demo(Path(out), quiet=quiet, **kwargs)
     print(f"wrote {out}", file=sys.stderr)
 
