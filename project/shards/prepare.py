@@ -1,9 +1,10 @@
 """Turn an image or text collection into train/val/test WebDataset shards, each split with a shard index.
 
-    python -m project.shards.prepare SOURCE --out DIR [--val_fraction F] [--test_fraction F]
+    python -m project.shards.prepare SOURCE --out DIR|URL [--val_fraction F] [--test_fraction F]
         [--samples_per_shard N] [--shard_size BYTES] [--workers N] [--seed S] [--part I/N]
         [--resize S] [--format jpg|png|webp] [--download true] [--text true] [--text_column C]
-        [--label_column C] [--dedup exact|near|off] [--near_distance BITS] [--near_jaccard J] [--config FILE]
+        [--label_column C] [--dedup exact|near|off] [--near_distance BITS] [--near_jaccard J] [--staging DIR]
+        [--config FILE]
 
 (`shards-prepare` is the same command.)
 
@@ -26,6 +27,13 @@ file is written through a link out of OUT. Each shard is written under a
 temporary name and renamed when complete: an interrupted run, started again with the same arguments,
 keeps its finished shards and redoes the rest. `--part I/N` writes every N-th shard (from the I-th) and
 a part index, for cluster job arrays; `python -m project.shards.index` then merges the parts' indexes.
+
+--out may be an object store url (s3://bucket/ds, gs://, az://, any url fsspec writes; each library's own
+credentials): the shards are written into a local staging folder (--staging; by default under
+~/.cache/lightning-shards/prepare/), each uploaded as it is finished and its local copy removed, so the staging
+folder holds a few shards at a time; each split's index goes up last, once every shard is in the bucket, so a
+reader never sees a partial dataset. A run started again uploads only what is not in the bucket yet; with
+--part I/N, each part uploads its shards and its part index. Rules: project/shards/publish.py.
 
 --dedup (exact by default; near also finds re-encoded, resized or cropped images and texts that differ in
 case, spacing or a few characters) keeps one copy of each duplicate, and no val or test sample with a copy in
@@ -50,10 +58,12 @@ from project.data.parallel import Pool
 from project.data.samples import count_samples
 from project.data.shard_index import INDEX_NAME, SHUFFLED_KEY, Shard, write_index
 from project.errors import UserError, run_main
+from project.redact import redact
 from project.shards.dedup import require_near_text
 from project.shards.duplicates import Dedup, deduplicate, hash_records, report
 from project.shards.jobs import ShardJob, write_shard
 from project.shards.prepared import MANIFEST, Prepared, PrepareOptions, check_manifest, check_out, manifest, summary
+from project.shards.publish import LEDGER, Remote, Uploads
 from project.shards.records import Record
 from project.shards.sources import load_images
 from project.shards.split import SPLITS, plan_shards, split_records
@@ -69,10 +79,10 @@ def prepare(source: str, *, out: str | Path, **options: Any) -> Prepared:
     Args:
         source: an image or text folder (SOURCE/<class>/...), a .csv/.jsonl listing, tar shards, or
             torchvision:NAME.
-        out: the output folder: train/, val/ and test/ go here.
+        out: the output folder, or an object store url: train/, val/ and test/ go there.
         **options: the other `PrepareOptions`, by name (`samples_per_shard=500`).
     """
-    return run(PrepareOptions(source=source, out=Path(out), **options))
+    return run(PrepareOptions(source=source, out=out, **options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,19 +97,25 @@ class Listed:
 
 def run(options: PrepareOptions) -> Prepared:
     """A prepare run (or one --part of it), step by step."""
-    out = options.out
-    check_out(out, [out / MANIFEST, out / HASH_CACHE, *(out / split for split in SPLITS)])
+    out = options.folder  # with an --out url, the staging folder
+    check_out(out, [out / MANIFEST, out / HASH_CACHE, out / LEDGER, *(out / split for split in SPLITS)])
     options = decide_text(options)
     listed = list_texts(options) if options.text else list_images(options)
-    check_manifest(out, manifest(options))
+    remote = options.remote()
+    check_manifest(out, manifest(options), remote)
+    if remote is not None and not options.quiet:
+        print(f"staging {shown(redact(options.out))} in {out}", file=sys.stderr)
     with Pool(options.workers) as pool:  # the same processes hash the samples, then write the shards
         found = find_duplicates(options, listed.records, pool)
         records = listed.records if found is None else found.kept
         splits = split_records(records, options.val_fraction, options.test_fraction, options.seed)
         jobs = this_part(options, plan_jobs(options, splits))
-        shards, unreadable = write_shards(options, jobs, pool)
+        shards, unreadable = write_shards(options, jobs, pool, remote)
     dedup_lines = report_duplicates(options, found, splits, listed.classes)
-    write_indexes(options, shards, listed.classes)
+    indexes = write_indexes(options, shards, listed.classes)
+    if remote is not None:  # every shard is in the bucket: the report, then the indexes
+        for path in [*sorted(out.glob("duplicates.*")), *indexes]:
+            remote.put(path)
     return Prepared(
         shards,
         text=options.text,
@@ -143,7 +159,7 @@ def find_duplicates(options: PrepareOptions, records: list[Record], pool: Pool) 
     if options.dedup == "off":
         return None
     with Progress(*_columns("hash"), disable=options.quiet) as progress:
-        cache = options.out / HASH_CACHE
+        cache = options.folder / HASH_CACHE
         hashes = hash_records(records, options.dedup, options.text, pool, progress=progress, cache=cache)
     return deduplicate(records, hashes, options.dedup, options.near_distance, options.near_jaccard)
 
@@ -153,7 +169,7 @@ def plan_jobs(options: PrepareOptions, splits: dict[str, list[Record]]) -> list[
     jobs = []
     for split, members in splits.items():
         for number, group in enumerate(plan_shards(members, options.samples_per_shard, options.shard_size)):
-            path = str(options.out / split / f"{split}-{number:06d}.tar")
+            path = str(options.folder / split / f"{split}-{number:06d}.tar")
             jobs.append(ShardJob(split, number, tuple(group), path, options.resize, options.format, options.text))
     return jobs
 
@@ -162,27 +178,46 @@ def this_part(options: PrepareOptions, jobs: list[ShardJob]) -> list[ShardJob]:
     """The shards of --part I/N, every N-th from the I-th, none of their names a link out of OUT."""
     index, count = options.part
     mine = jobs[index::count]
-    check_out(options.out, [job.path for job in mine])  # a shard's name planted as a link is no finished shard
+    check_out(options.folder, [job.path for job in mine])  # a shard's name planted as a link is no finished shard
     return mine
 
 
-def write_shards(options: PrepareOptions, jobs: list[ShardJob], pool: Pool) -> tuple[dict[str, list[Shard]], list[str]]:
-    """This part's shards by split, the finished ones kept and the rest written by the pool, and a line about
-    each sample left out of them (an image that could not be read)."""
+def write_shards(
+    options: PrepareOptions, jobs: list[ShardJob], pool: Pool, remote: Remote | None
+) -> tuple[dict[str, list[Shard]], list[str]]:
+    """This part's shards by split, the finished ones kept and the rest written by the pool (and uploaded, with an
+    --out url), and a line about each sample left out of them (an image that could not be read)."""
     for split in SPLITS:
-        (options.out / split).mkdir(parents=True, exist_ok=True)
+        (options.folder / split).mkdir(parents=True, exist_ok=True)
+    most = {job.path: len(job.records) for job in jobs}
+    written = {} if remote is None else remote.uploaded(list(most), most)  # in the bucket already
     # a finished shard's count from its headers: a sample left out of it is not in it
-    written = {job.path: finished(job.path) for job in jobs if os.path.exists(job.path)}
+    staged = {job.path: finished(job.path) for job in jobs if job.path not in written and os.path.exists(job.path)}
+    todo = [job for job in jobs if job.path not in written and job.path not in staged]
     unreadable: list[str] = []
-    with Progress(*_columns("prepare"), disable=options.quiet) as progress:
-        task = progress.add_task("prepare", total=sum(len(job.records) for job in jobs))
-        progress.advance(task, sum(len(job.records) for job in jobs if job.path in written))
-        for shard, lines in pool.imap_unordered(write_shard, [job for job in jobs if job.path not in written]):
-            written[shard.url] = shard
-            unreadable += lines
-            progress.advance(task, shard.nsamples + len(lines))
+    with Progress(*_columns(), disable=options.quiet) as progress:
+        task = progress.add_task("prepare", total=sum(most.values()), unit="samples")
+        progress.advance(task, sum(most[path] for path in [*written, *staged]))
+        with uploads(remote, progress, jobs, written) as up:
+            for shard in staged.values():
+                up.submit(shard)
+            for shard, lines in pool.imap_unordered(write_shard, todo):
+                staged[shard.url] = shard
+                up.submit(shard)  # waits while a few shards wait for their upload: the pool writes none meanwhile
+                unreadable += lines
+                progress.advance(task, shard.nsamples + len(lines))
+            up.finish()
     tell(options, unreadable)
+    written |= staged
     return {split: [written[job.path] for job in jobs if job.split == split] for split in SPLITS}, unreadable
+
+
+def uploads(remote: Remote | None, progress: Progress, jobs: list[ShardJob], written: dict[str, Shard]) -> Uploads:
+    """The uploads of the shards not in the bucket yet, with their progress bar (none for a local OUT)."""
+    if remote is None:
+        return Uploads(None, lambda shard: None)
+    task = progress.add_task("upload", total=len(jobs) - len(written), unit="shards")
+    return Uploads(remote, lambda shard: progress.advance(task))
 
 
 def finished(path: str) -> Shard:
@@ -190,14 +225,17 @@ def finished(path: str) -> Shard:
     return Shard(path, count_samples(path), os.path.getsize(path))
 
 
-def write_indexes(options: PrepareOptions, shards: dict[str, list[Shard]], classes: list[str]) -> None:
-    """Each split's shard index, or with --part I/N (N > 1) its part's, for `project.shards.index` to merge."""
+def write_indexes(options: PrepareOptions, shards: dict[str, list[Shard]], classes: list[str]) -> list[Path]:
+    """Each split's shard index, or with --part I/N (N > 1) its part's, for `project.shards.index` to merge; the
+    files written."""
     index, count = options.part
     name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
-    for split, written in shards.items():
-        if written or count == 1:
-            extra = {"classes": classes, SHUFFLED_KEY: True}  # the split's samples are shuffled before sharding
-            write_index(options.out / split / name, written, name=split, extra=extra)
+    extra = {"classes": classes, SHUFFLED_KEY: True}  # the split's samples are shuffled before sharding
+    return [
+        write_index(options.folder / split / name, written, name=split, extra=extra)
+        for split, written in shards.items()
+        if written or count == 1
+    ]
 
 
 def report_duplicates(
@@ -207,7 +245,7 @@ def report_duplicates(
     if found is None or options.part[0] != 0:
         return []
     split_of = {record.key: split for split, members in splits.items() for record in members}
-    return report(found, split_of, classes, options.out, options.text)
+    return report(found, split_of, classes, options.folder, options.text)
 
 
 def tell(options: PrepareOptions, lines: Iterable[str]) -> None:
@@ -217,8 +255,9 @@ def tell(options: PrepareOptions, lines: Iterable[str]) -> None:
             print(shown(line), file=sys.stderr)  # keys and paths from the source
 
 
-def _columns(name: str) -> tuple:
-    return TextColumn(name), BarColumn(), MofNCompleteColumn(), TextColumn("samples"), TimeRemainingColumn()
+def _columns(name: str = "{task.description}") -> tuple:
+    unit = "{task.fields[unit]}" if name == "{task.description}" else "samples"
+    return TextColumn(name), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeRemainingColumn()
 
 
 def command(source: str, *, out: str, workers: int = min(4, os.cpu_count() or 1), **kwargs: Any) -> None:
@@ -227,7 +266,8 @@ def command(source: str, *, out: str, workers: int = min(4, os.cpu_count() or 1)
     Args:
         source: an image or text folder (SOURCE/<class>/...), a .csv/.jsonl listing, tar shards, or
             torchvision:NAME.
-        out: the output folder: train/, val/ and test/ go here.
+        out: the output folder, or an object store url (s3://, gs://, az://, ...): train/, val/ and test/ go
+            there, each split's index last.
         workers: processes that hash and write.
     """
     result = prepare(source, out=out, workers=workers, **kwargs)

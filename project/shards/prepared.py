@@ -1,5 +1,6 @@
 """What a `prepare` run is asked (`PrepareOptions`, its command line; the manifest, the settings it shares with
-every run into its OUT) and what it produced (`Prepared`, its summary line), and the check of its output folder."""
+every run into its OUT, a local folder's or a url's) and what it produced (`Prepared`, its summary line), and the
+check of its output folder."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from project.data.atomic import write_json_atomically
+from project.data.outputs import is_url, local_output
 from project.data.paths import check_output
 from project.data.shard_index import Shard
 from project.errors import UserError
 from project.redact import redact
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
+from project.shards.publish import Remote, output_url, staging_folder
 
 MANIFEST = ".prepare.json"  # the settings of the run that wrote OUT
 
@@ -27,7 +30,8 @@ class PrepareOptions:
     Args:
         source: an image or text folder (SOURCE/<class>/...), a .csv/.jsonl listing, tar shards, or
             torchvision:NAME.
-        out: the output folder: train/, val/ and test/ go here.
+        out: the output folder, or an object store url (s3://, gs://, az://, ...): train/, val/ and test/ go
+            there, each split's index last.
         val_fraction: the share of each class for val.
         test_fraction: the share of each class for test.
         samples_per_shard: samples per shard.
@@ -47,10 +51,12 @@ class PrepareOptions:
             texts differing in case, spacing or a few characters), or none (off).
         near_distance: images: the most differing pHash bits (of 64) of a near copy.
         near_jaccard: texts: the least Jaccard similarity of a near copy.
+        staging: with an --out url: the local folder the shards are written into before their upload (default:
+            ~/.cache/lightning-shards/prepare/<hash of the url>).
     """
 
     source: str
-    out: Path
+    out: Path | str
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     samples_per_shard: int = 1000
@@ -69,10 +75,17 @@ class PrepareOptions:
     dedup: Literal["exact", "near", "off"] = "exact"
     near_distance: int = DEFAULT_NEAR_DISTANCE
     near_jaccard: float = DEFAULT_NEAR_JACCARD
+    staging: Path | None = None
 
     def __post_init__(self) -> None:
-        # the command line gives `out` as text and `part` as "I/N"; the steps read a Path and (I, N)
-        object.__setattr__(self, "out", Path(self.out))
+        # the command line gives `out` as text and `part` as "I/N"; the steps read a Path or a url, and (I, N)
+        object.__setattr__(self, "out", output_of(self.out))
+        local_output("--staging", self.staging, "prepare stages its shards in a local folder", "name a local folder")
+        local_output("--torchvision_root", self.torchvision_root, "torchvision keeps its datasets in a local folder")
+        if isinstance(self.out, Path) and self.staging is not None:
+            raise UserError("--staging is for an --out url: a local --out is written directly")
+        if isinstance(self.out, str):
+            object.__setattr__(self, "staging", Path(self.staging or staging_folder(self.out)))
         object.__setattr__(self, "part", parse_part(self.part) if isinstance(self.part, str) else tuple(self.part))
         check_dedup(self.dedup, self.near_distance, self.near_jaccard)
         val, test = self.val_fraction, self.test_fraction
@@ -81,6 +94,25 @@ class PrepareOptions:
         index, count = self.part
         if not 0 <= index < count:
             raise UserError(f"--part {index}/{count}: I must be in 0..N-1")
+
+    @property
+    def folder(self) -> Path:
+        """Where this run writes its files: OUT, or with an --out url its staging folder."""
+        return self.staging if isinstance(self.out, str) else self.out
+
+    def remote(self) -> Remote | None:
+        """The bucket side of a run into an --out url; None for a local OUT."""
+        return Remote(self.out, self.folder) if isinstance(self.out, str) else None
+
+
+def output_of(out: str | Path) -> Path | str:
+    """--out as a local folder (a Path; `file://` taken off), or a url prepare writes to (checked: `output_url`)."""
+    text = str(out)
+    if text.startswith("file://"):
+        return Path(text.removeprefix("file://"))
+    if is_url(text) and not isinstance(out, str):  # Path made `s3:/b/x` of it: a local folder named `s3:`
+        raise UserError(f"--out {redact(text)}: give an object store url as text, not as a path")
+    return output_url(text) if is_url(text) else Path(out)
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -116,19 +148,26 @@ def manifest(options: PrepareOptions) -> dict[str, Any]:
     return settings
 
 
-def check_manifest(out: Path, settings: dict[str, Any]) -> None:
-    """A second run into the same folder must use the same settings, or finished shards would differ; the
-    first writes them."""
+def check_manifest(out: Path, settings: dict[str, Any], remote: Remote | None = None) -> None:
+    """A second run into the same folder (or url) must use the same settings, or finished shards would differ;
+    the first writes them (into the url's bucket before any shard)."""
     path = out / MANIFEST
     if not path.exists():
         write_json_atomically(path, settings)
-        return
-    try:
-        previous = json.loads(path.read_text())
-    except (ValueError, OSError) as error:
-        raise UserError(f"{path} is not a prepare manifest ({error}): delete {out} to start over") from None
+    else:
+        try:
+            previous = json.loads(path.read_text())
+        except (ValueError, OSError, RecursionError) as error:
+            raise UserError(f"{path} is not a prepare manifest ({error}): delete {out} to start over") from None
+        compare_manifest(str(out), previous, settings)
+    if remote is not None:
+        remote.check_manifest(path, lambda where, previous: compare_manifest(where, previous, settings))
+
+
+def compare_manifest(out: str, previous: object, settings: dict[str, Any]) -> None:
+    """Refuse, in one line, a manifest read from OUT (`previous`) that is not this run's `settings`."""
     if not isinstance(previous, dict):
-        raise UserError(f"{path} is not a prepare manifest: delete {out} to start over")
+        raise UserError(f"{out}/{MANIFEST} is not a prepare manifest: delete {out} to start over")
     if previous != settings:
         changed = sorted(key for key in settings if previous.get(key) != settings[key])
         raise UserError(
@@ -173,7 +212,7 @@ def summary(out: str | Path, result: Prepared) -> str:
     left_out = f"; {len(result.left_out)} link{plural} or special file{plural} skipped" if result.left_out else ""
     plural = "" if result.duplicates == 1 else "s"
     duplicates = f"; {result.duplicates} duplicate{plural} removed" if result.duplicates else ""
-    return f"wrote {out}: {counts} samples{bad}{left_out}{duplicates}"
+    return f"wrote {redact(str(out))}: {counts} samples{bad}{left_out}{duplicates}"
 
 
 def check_out(out: Path, paths: Iterable[str | Path]) -> None:
