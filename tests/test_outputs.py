@@ -57,6 +57,12 @@ REFUSED = [
     ("project.active", ["--pool={tmp}", f"--labeled={URL}", "--budget=1", "--rounds=1"], "--labeled"),
     ("project.active", ["--pool={tmp}", "--labeled={tmp}/l", "--budget=1", "--rounds=1", f"--run={URL}"], "--run"),
     ("project.baseline", [f"--save_dir={URL}", "--data.root={tmp}"], "--save_dir"),
+    ("project.ensemble", ["{tmp}/a.jsonl", "{tmp}/b.jsonl", f"--out=simplecache::{URL}/e.jsonl"], "--out"),  # a chain
+    (
+        "project.train",
+        [f"--trainer.default_root_dir=simplecache::{URL}", "--trainer.max_epochs=1"],
+        "--trainer.default_root_dir",
+    ),
     ("project.train", run_folder_args("--trainer.default_root_dir"), "--trainer.default_root_dir"),
     ("project.train", run_folder_args("--trainer.logger.init_args.save_dir"), "--trainer.logger.init_args.save_dir"),
     ("project.train", run_folder_args("--callbacks.best_checkpoint.init_args.dirpath"), "--callbacks.best_checkpoint"),
@@ -135,6 +141,8 @@ def test_index_out_url_writes_to_the_bucket_or_is_one_line(tmp_path, fake_s3, ti
         ("gs://b/x", True),
         ("file:///tmp/x", True),
         ("pipe:cat x", True),
+        ("simplecache::s3://b/x", True),  # an fsspec chain: Path would make a folder `simplecache::s3:`
+        (Path("filecache::s3://b/x"), True),
         ("https://host/x", True),
         ("logs/run:1", False),
         ("run:1", False),
@@ -145,6 +153,9 @@ def test_index_out_url_writes_to_the_bucket_or_is_one_line(tmp_path, fake_s3, ti
 )
 def test_what_counts_as_a_url(value, url):
     assert is_url(value) is url if value is not None else not is_url("")
+    if isinstance(value, Path) and url:  # the url as it was given in the line, before Path took a slash
+        with pytest.raises(UserError, match=f"got {value.as_posix().replace(':/', '://')};"):
+            local_output("--out", value, "predict writes a local file")
     if url:
         with pytest.raises(UserError, match=r"^--out: predict writes a local file, got s3://b/x; write it locally"):
             local_output("--out", Path("s3://b/x"), "predict writes a local file")

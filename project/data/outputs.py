@@ -15,14 +15,16 @@ from project.redact import redact
 # a scheme of two letters or more, then a slash: `s3://b/x`, and also `s3:/b/x`, what Path made of it (a Windows
 # drive `C:/x` has one letter; a plain name with a colon, `run:1`, no slash after it)
 URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
+CHAIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*::")  # an fsspec chain, `simplecache::s3://b/x`: no `:/` at its start
 
 
 def is_url(value: str | os.PathLike) -> bool:
-    """Whether an output argument names a url (`pipe:` commands included) rather than a local path."""
+    """Whether an output argument names a url (`pipe:` commands and fsspec chains included) rather than a local
+    path."""
     if not isinstance(value, str | os.PathLike):
         return False
     text = os.fspath(value)
-    return bool(URL.match(text)) or text.startswith("pipe:")
+    return bool(URL.match(text) or CHAIN.match(text)) or text.startswith("pipe:")
 
 
 def local_output(
@@ -33,7 +35,7 @@ def local_output(
     if value is not None and is_url(value):
         text = os.fspath(value)
         if isinstance(value, PurePath):  # the url as it was given, before Path took a slash
-            text = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)", r"\1://", text)
+            text = re.sub(r"^((?:[A-Za-z][A-Za-z0-9+.-]*::)*[A-Za-z][A-Za-z0-9+.-]+):/(?!/)", r"\1://", text)
         raise UserError(f"{flag}: {writes}, got {redact(text)}; {advice}")
 
 
