@@ -113,8 +113,9 @@ def run(options: PrepareOptions) -> Prepared:
         shards, unreadable = write_shards(options, jobs, pool, remote)
     dedup_lines = report_duplicates(options, found, splits, listed.classes)
     indexes = write_indexes(options, shards, listed.classes)
-    if remote is not None:  # every shard is in the bucket: the report, then the indexes
-        for path in [*sorted(out.glob("duplicates.*")), *indexes]:
+    if remote is not None:  # every shard is in the bucket (checked): the report this run wrote, then the indexes
+        remote.check_unchanged(out / MANIFEST, manifest(options), [s for split in shards.values() for s in split])
+        for path in [*report_files(options, found), *indexes]:
             remote.put(path)
     return Prepared(
         shards,
@@ -198,6 +199,8 @@ def write_shards(
     with Progress(*_columns(), disable=options.quiet) as progress:
         task = progress.add_task("prepare", total=sum(most.values()), unit="samples")
         progress.advance(task, sum(most[path] for path in [*written, *staged]))
+        if remote is not None and (staged or todo):  # a shard goes up: no index may name the one it replaces
+            remote.take_down(f"{split}/{name}" for split in SPLITS for name in {INDEX_NAME, options.index_name})
         with uploads(remote, progress, jobs, written) as up:
             for shard in staged.values():
                 up.submit(shard)
@@ -228,14 +231,22 @@ def finished(path: str) -> Shard:
 def write_indexes(options: PrepareOptions, shards: dict[str, list[Shard]], classes: list[str]) -> list[Path]:
     """Each split's shard index, or with --part I/N (N > 1) its part's, for `project.shards.index` to merge; the
     files written."""
-    index, count = options.part
-    name = INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
+    name = options.index_name
     extra = {"classes": classes, SHUFFLED_KEY: True}  # the split's samples are shuffled before sharding
     return [
         write_index(options.folder / split / name, written, name=split, extra=extra)
         for split, written in shards.items()
-        if written or count == 1
+        if written or options.part[1] == 1
     ]
+
+
+def report_files(options: PrepareOptions, found: Dedup | None) -> list[Path]:
+    """The dedup report's files this run wrote (none on a --part other than 0): no other file of the staging
+    folder goes up."""
+    if found is None or options.part[0] != 0:
+        return []
+    sheet = "duplicates.txt" if options.text else "duplicates.png"
+    return [options.folder / name for name in ["duplicates.csv", *([sheet] if found.groups else [])]]
 
 
 def report_duplicates(

@@ -13,12 +13,13 @@ from typing import Any, Literal
 from project.data.atomic import write_json_atomically
 from project.data.outputs import is_url, local_output
 from project.data.paths import check_output
-from project.data.shard_index import Shard
+from project.data.shard_index import INDEX_NAME, Shard
 from project.errors import UserError
 from project.redact import redact
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD
 from project.shards.duplicates import check_dedup
 from project.shards.publish import Remote, output_url, staging_folder
+from project.shown import shown
 
 MANIFEST = ".prepare.json"  # the settings of the run that wrote OUT
 
@@ -100,6 +101,12 @@ class PrepareOptions:
         """Where this run writes its files: OUT, or with an --out url its staging folder."""
         return self.staging if isinstance(self.out, str) else self.out
 
+    @property
+    def index_name(self) -> str:
+        """The name of each split's index this run writes: `shardindex.json`, or with --part I/N its part's."""
+        index, count = self.part
+        return INDEX_NAME if count == 1 else f"shardindex.part-{index}-of-{count}.json"
+
     def remote(self) -> Remote | None:
         """The bucket side of a run into an --out url; None for a local OUT."""
         return Remote(self.out, self.folder) if isinstance(self.out, str) else None
@@ -152,6 +159,10 @@ def check_manifest(out: Path, settings: dict[str, Any], remote: Remote | None = 
     """A second run into the same folder (or url) must use the same settings, or finished shards would differ;
     the first writes them (into the url's bucket before any shard)."""
     path = out / MANIFEST
+    if not path.exists() and remote is not None and out.is_dir() and any(out.iterdir()):
+        raise UserError(  # its shards, taken for finished ones, would be uploaded and removed
+            f"--staging {shown(out)} holds files and no prepare manifest: name an empty or a new folder"
+        )
     if not path.exists():
         write_json_atomically(path, settings)
     else:

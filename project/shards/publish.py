@@ -17,6 +17,7 @@ listing is read, and no local path is named from the bucket: every key is this r
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -33,9 +34,11 @@ from project.redact import redact, redact_text
 
 LEDGER = ".uploaded.jsonl"  # in the staging folder: a line per shard in the bucket, {"name", "nsamples", "filesize"}
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_LEDGER_BYTES = 64 << 20  # a line of ~80 bytes per shard: 800,000 shards
 UPLOAD_THREADS = 4
 UPLOADS_AHEAD = 4  # shards written and waiting for (or in) their upload, at most
-UNWRITABLE = ("http", "https", "pipe")  # fsspec reads these, or they run a command: no output goes there
+# fsspec reads these, they run a command, or they keep files in the process's memory: no output goes there
+UNWRITABLE = ("http", "https", "pipe", "memory")
 
 
 def cache_home() -> Path:
@@ -50,15 +53,24 @@ def staging_folder(url: str) -> Path:
 
 
 def output_url(out: str) -> str:
-    """`out` checked as an object store url prepare can write to: a one-line refusal for http(s) and `pipe:`, and
-    for a scheme whose fsspec package is missing (naming it); the url without a trailing slash."""
+    """`out` checked as an object store url prepare can write to: a one-line refusal for http(s), `pipe:` and
+    `memory:`, for a url that names no folder (no path; a query, a fragment, an empty, `.` or `..` part, which a
+    store keeps in its keys as they are), for an fsspec chain (`::`) and for a scheme whose fsspec package is
+    missing (naming it); the url without a trailing slash."""
     scheme = out.split(":", 1)[0].lower()
     if scheme in UNWRITABLE:
         raise UserError(
             f"--out: prepare writes a local folder or an object store url (s3://, gs://, az://, ...), got {redact(out)}"
         )
-    filesystem(out)  # the scheme's package, before any work
-    return out.rstrip("/")
+    url = out.rstrip("/")
+    path = url.split("://", 1)[1] if "://" in url else ""
+    if not path or "?" in path or "#" in path or {"", ".", ".."} & set(path.split("/")):
+        raise UserError(
+            "--out: an object store url names a folder (s3://bucket/prefix), with no query, fragment, empty, . or"
+            f" .. part, got {redact(out)}"
+        )
+    filesystem(out)  # the scheme's package, and no chain, before any work
+    return url
 
 
 def uploading(call: Callable[[], Any], what: str, url: str) -> Any:
@@ -88,32 +100,84 @@ class Remote:
         name = self.name(local)
         uploading(lambda: self.fs.put_file(str(local), f"{self.root}/{name}"), "upload to", f"{self.url}/{name}")
 
+    def info(self, name: str) -> dict | None:
+        """The store's info on the object `name` under the url, None where there is none; any other error of the
+        store (a refusal, a timeout) is one line: an object it could not look up may well be there."""
+        path = f"{self.root}/{name}"
+
+        def look_up() -> Any:
+            try:
+                return self.fs.info(path)
+            except FileNotFoundError:
+                return None
+
+        info = uploading(look_up, "look up", f"{self.url}/{name}")
+        return None if info is None else info if isinstance(info, dict) else {}
+
     def size(self, name: str) -> int | None:
         """The size of the object `name` under the url, None where there is none (or no plain size)."""
         try:
-            info = uploading(lambda: self.fs.info(f"{self.root}/{name}"), "look up", f"{self.url}/{name}")
+            info = self.info(name)
         except UserError:
-            return None  # missing, or unreadable: uploaded again
-        size = info.get("size") if isinstance(info, dict) else None
+            return None  # unreadable: uploaded again
+        size = info.get("size") if info is not None else None
         return size if isinstance(size, int) and not isinstance(size, bool) else None
 
     def check_manifest(self, local: Path, compare: Callable[[str, object], None]) -> None:
         """The url's manifest compared with this run's (`compare(where, previous)`), or, where it has none, this
-        run's uploaded (from `local`) before any shard."""
-        name = self.name(local)
-        size = self.size(name)
-        if size is None:
+        run's uploaded (from `local`) before any shard. A store that cannot say whether it has one stops the run:
+        its manifest, another run's, is never overwritten."""
+        if not self.compare_manifest(self.name(local), compare):
             self.put(local)
-            return
-        where = f"{self.url}/{name}"
-        if size > MAX_MANIFEST_BYTES:
-            raise UserError(f"{redact(where)} is not a prepare manifest ({size:,} bytes): use another --out")
+
+    def compare_manifest(self, name: str, compare: Callable[[str, object], None]) -> bool:
+        """`compare(where, previous)` called with the url's manifest `name` read as JSON; False where it has none."""
+        info = self.info(name)
+        if info is None:
+            return False
+        where, size = f"{self.url}/{name}", info.get("size")
+        if not isinstance(size, int) or size > MAX_MANIFEST_BYTES:
+            what = f"{size:,} bytes" if isinstance(size, int) else "no size"
+            raise UserError(f"{redact(where)} is not a prepare manifest ({what}): use another --out")
         data = uploading(lambda: self.read(name, MAX_MANIFEST_BYTES + 1), "read", where)  # it may have grown since
         try:
             previous = json.loads(data[:MAX_MANIFEST_BYTES])
         except (ValueError, RecursionError) as error:
             raise UserError(f"{redact(where)} is not a prepare manifest ({error}): use another --out") from None
         compare(redact(self.url), previous)
+        return True
+
+    def check_unchanged(self, manifest: Path, settings: object, shards: list[Shard]) -> None:
+        """Before the indexes go up: the url still holds this run's manifest, and each of `shards` at its size.
+        Two runs at once into one url may both have found no manifest; the one whose manifest or shards the other
+        replaced publishes no index over them (sizes are compared, not bytes)."""
+
+        def changed(why: str) -> UserError:
+            return UserError(f"{redact(self.url)} changed during this run: {why}; is another run writing there?")
+
+        def same(where: str, previous: object) -> None:
+            if previous != settings:
+                raise changed("its manifest is another run's")
+
+        if not self.compare_manifest(self.name(manifest), same):
+            raise changed("its manifest is gone")
+        with ThreadPoolExecutor(UPLOAD_THREADS * 2) as lookups:
+            sizes = list(lookups.map(lambda shard: self.size(self.name(shard.url)), shards))
+        for shard, size in zip(shards, sizes, strict=True):
+            if size != shard.filesize:
+                held = "missing" if size is None else f"{size:,} bytes, not {shard.filesize:,}"
+                raise changed(f"{self.name(shard.url)} is {held}")
+
+    def take_down(self, names: Iterable[str]) -> None:
+        """Remove the indexes `names` from the url before a shard is replaced: a run stopped from then on leaves no
+        index naming a shard it changed (the last step puts them back)."""
+        for name in names:
+
+            def remove(path: str = f"{self.root}/{name}") -> None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(path)
+
+            uploading(remove, "remove", f"{self.url}/{name}")
 
     def read(self, name: str, most: int) -> bytes:
         """At most `most` bytes of the object `name` (read, not a ranged `cat_file`, which came back wrong from
@@ -127,8 +191,13 @@ class Remote:
         path = self.staging / LEDGER
         if not path.is_file():
             return {}
+        with open(path, "rb") as ledger:
+            data = ledger.read(MAX_LEDGER_BYTES + 1)
+        if len(data) > MAX_LEDGER_BYTES:
+            size = max(len(data), path.stat().st_size)
+            raise UserError(f"{path} is not a ledger of this run ({size:,} bytes): remove it, its shards go up again")
         found = {}
-        for line in path.read_text(errors="replace").splitlines():
+        for line in data.decode(errors="replace").splitlines():
             try:
                 entry = json.loads(line)
                 name, nsamples, filesize = entry["name"], entry["nsamples"], entry["filesize"]
