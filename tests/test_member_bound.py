@@ -103,11 +103,12 @@ def test_the_bound_is_a_checked_data_setting():
 def test_inspect_and_the_index_tool_name_an_oversized_member_without_reading_it(tmp_path, monkeypatch):
     from project.data.specs import resolve_shards
     from project.shards import index, inspect
+    from project.tasks import scan
 
     big = jpeg(20) + bytes(5000)
     url = shard(tmp_path, [*labelled("a", jpeg(10)), *labelled("b", big)])
     bounded = functools.partial(read_samples, max_member_bytes=4096)  # the tools use the default bound
-    monkeypatch.setattr(index, "read_samples", bounded)
+    monkeypatch.setattr(scan, "read_samples", bounded)  # the index tool's scan
     monkeypatch.setattr(inspect, "read_samples", bounded)
     reason = f"member b.jpg declares {len(big):,} bytes, over data.max_member_bytes (4,096)"
     summary, _ = inspect.summarize(resolve_shards(url), 0)

@@ -130,8 +130,8 @@ def test_a_refused_or_unindexed_url_is_one_line_without_its_secrets(guarded, tmp
     root, base, handler = guarded
     make_demo(root / "d", train=40, val=10, test=10, image_size=8, samples_per_shard=20, workers=1, quiet=True)
     wrong = f"{base}/d/train/shardindex.json?sig=wrong-{SIGNATURE}"
-    unindexed = f"{base}/d/train/train-000000.tar?sig={SIGNATURE}"
-    for spec, message in ((wrong, "HTTP Error 403"), (unindexed, "remote shards need a shard index")):
+    unindexed = f"{base}/d/?sig={SIGNATURE}"  # a folder with no index: http has no listing
+    for spec, message in ((wrong, "HTTP Error 403"), (unindexed, "http(s) has no listing")):
         result = run_here("project.train", f"--data.train={spec}", "--trainer.max_epochs=1", cwd=tmp_path)
         assert result.returncode == 2, result.stderr[-2000:]
         (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]

@@ -59,9 +59,9 @@ def test_an_empty_folder_is_a_clear_error(tmp_path):
         resolve_shards(str(tmp_path))
 
 
-def test_remote_shards_need_an_index():
-    with pytest.raises(UserError, match="need a shard index"):
-        resolve_shards("https://example.com/shard-{000..009}.tar")
+def test_a_pipe_spec_that_prints_no_index_is_one_line():
+    with pytest.raises(UserError, match="must print a shard index"):
+        resolve_shards("pipe:cat shard-{000..009}.tar")
 
 
 def test_a_json_that_is_not_an_index_is_a_clear_error(tmp_path):

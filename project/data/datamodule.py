@@ -26,7 +26,7 @@ from project.data.plan import fraction_counts
 from project.data.position import ResumePosition
 from project.data.samples import MAX_MEMBER_BYTES
 from project.data.shard_index import Shard, ShardIndex, shuffled_before_sharding
-from project.data.specs import resolve_shards
+from project.data.split_indexes import SplitIndexes
 from project.data.stream import ShardStream
 from project.data.tarreader import MAX_COMPRESSION_RATIO
 from project.data.task import Task
@@ -39,7 +39,7 @@ MIX_SHARDS = 32  # data.mix_shards for shards that may be sorted: 20 one-class s
 SPLITS = ("train", "val", "test")  # the splits of `root`; `predict` is only ever given explicitly
 
 
-class ShardDataModule(L.LightningDataModule):
+class ShardDataModule(SplitIndexes, L.LightningDataModule):
     """Streams samples from WebDataset tar shards; the task its subclass builds decodes and collates them.
 
     Each split is read through a shard index, so every epoch is planned exactly: training batches are
@@ -48,7 +48,8 @@ class ShardDataModule(L.LightningDataModule):
     dataset's size.
 
     Args:
-        root: a folder with train/, val/ and test/ subfolders, each holding shards and a shardindex.json.
+        root: a folder with train/, val/ and test/ subfolders, each holding shards and a shardindex.json (local,
+            a store's s3://bucket/ds, ...), or a folder of the Hub's WebDataset layout (an _info.json).
         train: the training split, overriding root/train: a folder, a shard index file, a glob, a brace
             pattern (``shard-{000000..000099}.tar``), a URL of a shard index, or a list of these.
         val: the validation split, overriding root/val (same forms as train).
@@ -189,7 +190,7 @@ class ShardDataModule(L.LightningDataModule):
                 raise UserError(f"no {split} data configured: set data.root or data.{split}")
             if split == "predict" and is_plain_folder(spec):
                 spec = pack_folder(spec, self.task_type.predict_files)
-            self._indexes[split] = resolve_shards(spec)
+            self._indexes[split] = self.resolve_split(split, spec)
         return self._indexes[split]
 
     def shards(self, split: str) -> list[Shard]:

@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 from project.data.paths import kind, within
 from project.errors import UserError
-from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key
+from project.shards.records import Record, csv_field_limit, sanitize_key
+from project.tasks.labels import labels_to_classes
 
 LISTING_FIELD_LIMIT = 128 << 10  # csv's default: a path or a label is short
 

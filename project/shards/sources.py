@@ -23,10 +23,10 @@ from project.data.tarreader import DECOMPRESSORS, tar_members
 from project.errors import UserError
 from project.shards.index import shard_spec
 from project.shards.listings import listing
-from project.shards.records import Record, labels_to_classes, sanitize_key, unique_keys
+from project.shards.records import Record, sanitize_key, unique_keys
 from project.shown import shown
 from project.tasks.image.decode import IMAGE_EXTENSIONS, WANTED_EXTENSIONS, decode_label, label_text, open_image
-from project.tasks.labels import index_classes
+from project.tasks.labels import index_classes, labels_to_classes
 
 if TYPE_CHECKING:
     from PIL import Image

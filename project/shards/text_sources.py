@@ -23,11 +23,11 @@ from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 from project.errors import UserError
 from project.shards.index import shard_spec
-from project.shards.records import Record, csv_field_limit, labels_to_classes, sanitize_key, unique_keys
+from project.shards.records import Record, csv_field_limit, sanitize_key, unique_keys
 from project.shards.sources import CONVERTED_SUFFIXES, IMAGE_SUFFIXES, open_shard, read_record, source_kind
 from project.shown import shown
 from project.tasks.image.decode import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS
-from project.tasks.labels import UnknownLabel, index_classes, label_index
+from project.tasks.labels import UnknownLabel, index_classes, label_index, labels_to_classes
 
 TEXT, LABEL = "txt", "cls"  # the members of a text sample
 KEY_COLUMNS = ("key", "id")  # a listing's column that names its samples, if it has one

@@ -3,6 +3,7 @@ index."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -38,6 +39,26 @@ def data_classes(data: Any, configured: Sequence[str] | None) -> list[str]:
         if data.specs[split] is not None and (names := index_classes(data.index(split))):
             return names
     raise UserError("no class names in the shard indexes: set data.classes (or rebuild the index)")
+
+
+def labels_to_classes(labels: list[str]) -> tuple[list[int], list[str]]:
+    """Integer labels and class names from label texts: all integers keep their values, else names sort.
+    An integer label is a class count too (0 to the largest), so it must stay under MAX_CLASSES; so must the
+    number of names."""
+    if all(re.fullmatch(r"-?\d+", label) for label in labels):
+        too_large = next((label for label in labels if len(label) > 9 or int(label) >= MAX_CLASSES), None)
+        if too_large is not None:
+            shown = too_large if len(too_large) <= 20 else too_large[:17] + "..."
+            raise UserError(f"label {shown} would make {MAX_CLASSES:,} classes or more: labels are 0, 1, 2, ...")
+        values = [int(label) for label in labels]
+        if min(values, default=0) < 0:
+            raise UserError("labels must not be negative")
+        return values, [str(i) for i in range(max(values, default=-1) + 1)]
+    classes = sorted(set(labels))
+    if len(classes) > MAX_CLASSES:
+        raise UserError(f"{len(classes):,} different labels, more than {MAX_CLASSES:,} classes")
+    lookup = {name: i for i, name in enumerate(classes)}
+    return [lookup[label] for label in labels], classes
 
 
 class ClassNames:

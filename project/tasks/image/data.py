@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchvision.transforms import v2
 
 from project.data.datamodule import ShardDataModule, check_positive
+from project.data.scanning import Indexer
 from project.tasks.demos import build_once, uses_folder
 from project.tasks.image.batch import EncodedImageBatch
 from project.tasks.image.crops import CropFlip
@@ -21,6 +22,7 @@ from project.tasks.image.task import ImageTask
 from project.tasks.image.transforms import Preset, described, training_transform
 from project.tasks.labels import ClassNames
 from project.tasks.loading import CheckedLoading
+from project.tasks.scan import LABELS
 
 DEMO_ROOT = Path("data/demo")
 # a pipeline given as data.augment is an nn.Module: the hyperparameters keep its config (redact.plain), not it
@@ -52,6 +54,7 @@ class ImageShards(CheckedLoading, ClassNames, ShardDataModule):
     """
 
     task_type: ClassVar[type[ImageTask]] = ImageTask
+    indexer: ClassVar[Indexer] = LABELS  # remote shards without an index: their class names recorded too
 
     def __init__(
         self,

@@ -18,10 +18,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from project.data.datamodule import ShardDataModule, check_positive
 from project.data.remote import is_remote
 from project.data.samples import read_samples
+from project.data.scanning import Indexer
 from project.errors import DecodeError, UserError
 from project.tasks.demos import build_once, uses_folder
 from project.tasks.labels import ClassNames
 from project.tasks.loading import CheckedLoading
+from project.tasks.scan import LABELS
 from project.tasks.text.frequencies import count_documents
 from project.tasks.text.hashed import NAME as HASHED
 from project.tasks.text.hashed import HashedNGrams
@@ -66,6 +68,7 @@ class TextShards(CheckedLoading, ClassNames, ShardDataModule):
     """
 
     task_type: ClassVar[type[TextTask]] = TextTask
+    indexer: ClassVar[Indexer] = LABELS  # remote shards without an index: their class names recorded too
 
     def __init__(
         self,
