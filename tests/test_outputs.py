@@ -5,6 +5,7 @@ scheme (tests/fake_store.py); nothing here trains, downloads or starts a server.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -124,12 +125,27 @@ def test_the_tokenizer_of_a_url_is_one_line_and_writes_nothing(tmp_path, fake_s3
     assert not fake_s3.objects()
 
 
-def test_index_out_url_writes_to_the_bucket_or_is_one_line(tmp_path, fake_s3, tiny_demo):
+def test_index_out_url_writes_to_the_bucket(tmp_path, fake_s3, tiny_demo):
     result = run_here("project.shards.index", str(tiny_demo / "val"), "--out", f"{URL}/shardindex.json", cwd=tmp_path)
-    if result.returncode == 0:
-        assert "b/x/shardindex.json" in fake_s3.objects()
-    else:
-        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "b/x/shardindex.json" in fake_s3.objects()
+    no_url_folder(tmp_path)
+
+
+def test_index_out_file_url_writes_the_local_file_it_names(tmp_path, tiny_demo):
+    target = tmp_path / "elsewhere" / "shardindex.json"
+    result = run_here("project.shards.index", str(tiny_demo / "val"), "--out", f"file://{target}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(target.read_text())["shardlist"]
+    no_url_folder(tmp_path)
+    assert not (tmp_path / "file:").exists()
+
+
+@pytest.mark.parametrize("out", ["memory://x/shardindex.json", "https://host/x/shardindex.json", "s3://b/x/../i.json"])
+def test_index_out_that_no_store_keeps_is_one_line_before_any_read(tmp_path, tiny_demo, out):
+    result = run_here("project.shards.index", str(tiny_demo / "val"), "--out", out, cwd=tmp_path)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+    assert result.stderr.startswith("error: --out"), result.stderr
     no_url_folder(tmp_path)
 
 

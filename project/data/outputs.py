@@ -9,6 +9,7 @@ import re
 from pathlib import PurePath
 from typing import Any
 
+from project.data.stores import filesystem
 from project.errors import UserError
 from project.redact import redact
 
@@ -16,6 +17,8 @@ from project.redact import redact
 # drive `C:/x` has one letter; a plain name with a colon, `run:1`, no slash after it)
 URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 CHAIN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*::")  # an fsspec chain, `simplecache::s3://b/x`: no `:/` at its start
+# fsspec reads these, they run a command, or they keep files in the process's memory: no output goes there
+UNWRITABLE = ("http", "https", "pipe", "memory")
 
 
 def is_url(value: str | os.PathLike) -> bool:
@@ -73,3 +76,21 @@ def check_run_outputs(config: Any) -> None:
     there, so a url would become a local folder `s3:`. A url in any is one line before anything is built."""
     for key, value in run_outputs(config):
         local_output(f"--{key}", value, "a run writes a local folder")
+
+
+def store_output(flag: str, out: str, writes: str) -> str:
+    """`out` checked as an object store url that a tool (`writes`: what it writes, as `prepare writes a local folder
+    or`) can write to: a one-line refusal for http(s), `pipe:` and `memory:`, for a url that names nothing (no path;
+    a query, a fragment, an empty, `.` or `..` part, which a store keeps in its keys as they are), for an fsspec
+    chain (`::`) and for a scheme whose fsspec package is missing (naming it); the url without a trailing slash."""
+    if out.split(":", 1)[0].lower() in UNWRITABLE:
+        raise UserError(f"{flag}: {writes} an object store url (s3://, gs://, az://, ...), got {redact(out)}")
+    url = out.rstrip("/")
+    path = url.split("://", 1)[1] if "://" in url else ""
+    if not path or "?" in path or "#" in path or {"", ".", ".."} & set(path.split("/")):
+        raise UserError(
+            f"{flag}: an object store url names a path (s3://bucket/prefix), with no query, fragment, empty, . or"
+            f" .. part, got {redact(out)}"
+        )
+    filesystem(out)  # the scheme's package, and no chain, before any work
+    return url

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from project.data.index_cache import cache_folder
+from project.data.outputs import store_output
 from project.data.paths import make_folder
-from project.data.remote import is_remote
+from project.data.remote import is_remote, local_path
 from project.data.shard_index import INDEX_KIND, WIDS_KEYS, Shard, write_index
-from project.data.stores import FsspecStream, filesystem, scheme_of
+from project.data.stores import FsspecStream, filesystem
 from project.errors import UserError
 from project.redact import redact, redact_text
 
@@ -24,17 +25,15 @@ def check_out(out: str) -> None:
     """Refuse, before any work, an output that cannot be written: a local folder where a file is in the way, an
     http(s) url, a command, a store whose package is missing (one line naming it)."""
     if not is_remote(out):
-        make_folder(Path(out).absolute().parent)  # one line where a file is in the way, before any shard is read
+        make_folder(Path(local_path(out)).absolute().parent)  # one line where a file is in the way, before any read
         return
-    if scheme_of(out) in ("http", "https", "pipe"):
-        raise UserError(f"--out {redact(out)}: http(s) cannot be written; give a local path or a store's url (s3://)")
-    filesystem(out)
+    store_output("--out", out, "index writes a local file or")
 
 
 def journal_path(out: str) -> Path:
     """The journal of a run writing `out`: beside a local index, in the cache folder for a url."""
     if not is_remote(out):
-        return Path(out).with_name(Path(out).name + ".journal")
+        return Path(local_path(out)).with_name(Path(local_path(out)).name + ".journal")
     name = hashlib.sha256(out.encode("utf-8", "surrogateescape")).hexdigest()[:40]
     return cache_folder() / "journals" / f"{name}.journal"
 
@@ -42,7 +41,7 @@ def journal_path(out: str) -> Path:
 def write_out(out: str, shards: Sequence[Shard], name: str | None, extra: dict) -> None:
     """Write the index to `out`: a local path or a store's url."""
     if not is_remote(out):
-        write_index(out, shards, name=name, extra=extra)
+        write_index(local_path(out), shards, name=name, extra=extra)
         return
     folder = out.rsplit("/", 1)[0] + "/"
     data = {
@@ -70,4 +69,4 @@ def _relative(url: str, folder: str) -> str:
 
 def index_name(out: str) -> str:
     """The index's name: the folder it is written into."""
-    return out.rstrip("/").rsplit("/", 2)[-2] if is_remote(out) else Path(out).parent.name
+    return out.rstrip("/").rsplit("/", 2)[-2] if is_remote(out) else Path(local_path(out)).parent.name

@@ -27,6 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from project.data.journal import user_cache
+from project.data.outputs import store_output
 from project.data.shard_index import Shard
 from project.data.stores import FsspecStream, filesystem
 from project.errors import UserError
@@ -37,40 +39,17 @@ MAX_MANIFEST_BYTES = 1 << 20
 MAX_LEDGER_BYTES = 64 << 20  # a line of ~80 bytes per shard: 800,000 shards
 UPLOAD_THREADS = 4
 UPLOADS_AHEAD = 4  # shards written and waiting for (or in) their upload, at most
-# fsspec reads these, they run a command, or they keep files in the process's memory: no output goes there
-UNWRITABLE = ("http", "https", "pipe", "memory")
-
-
-def cache_home() -> Path:
-    """The user's cache folder for the project (`$XDG_CACHE_HOME/lightning-shards`, else ~/.cache's)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning-shards"
 
 
 def staging_folder(url: str) -> Path:
     """Where a run into `url` writes its shards before they are uploaded, by default: one folder per url, so a
     run started again (or another --part on this machine) finds the same ledger."""
-    return cache_home() / "prepare" / hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    return user_cache() / "prepare" / hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
 def output_url(out: str) -> str:
-    """`out` checked as an object store url prepare can write to: a one-line refusal for http(s), `pipe:` and
-    `memory:`, for a url that names no folder (no path; a query, a fragment, an empty, `.` or `..` part, which a
-    store keeps in its keys as they are), for an fsspec chain (`::`) and for a scheme whose fsspec package is
-    missing (naming it); the url without a trailing slash."""
-    scheme = out.split(":", 1)[0].lower()
-    if scheme in UNWRITABLE:
-        raise UserError(
-            f"--out: prepare writes a local folder or an object store url (s3://, gs://, az://, ...), got {redact(out)}"
-        )
-    url = out.rstrip("/")
-    path = url.split("://", 1)[1] if "://" in url else ""
-    if not path or "?" in path or "#" in path or {"", ".", ".."} & set(path.split("/")):
-        raise UserError(
-            "--out: an object store url names a folder (s3://bucket/prefix), with no query, fragment, empty, . or"
-            f" .. part, got {redact(out)}"
-        )
-    filesystem(out)  # the scheme's package, and no chain, before any work
-    return url
+    """`out` checked as an object store url prepare can write to (`store_output`)."""
+    return store_output("--out", out, "prepare writes a local folder or")
 
 
 def uploading(call: Callable[[], Any], what: str, url: str) -> Any:
