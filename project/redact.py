@@ -6,7 +6,11 @@ This module is the one choke point for that. What counts as a secret:
   hex digits: `https://host/<token>/shard.tar`);
 - in a `pipe:` command: every argument but the program, options, URLs (redacted as above), paths and short
   lower-case words, and always the argument after an option that carries a credential (`-u`, `-H`, ...);
-- in any text: the above, and the value after `Authorization:`, `Bearer` or `Basic`.
+- in any text: the above, the value after `Authorization:`, `Bearer` or `Basic`, and the credentials of object
+  stores' libraries as their errors may quote them: a named secret's value (`AccountKey=`,
+  `SharedAccessSignature=`, `sig=`, `account_key=`, `client_secret`, `refresh_token`, ...: an Azure connection
+  string or SAS, a kwargs repr, an env line), a PEM private key (a Google service account's JSON), an Azure account
+  key (88 characters of base64), a Hugging Face token (`hf_...`) and a Google access token (`ya29....`).
 
 The real URL is still what is read: only its copies in config.yaml, hparams.yaml, TensorBoard, checkpoints,
 Optuna's and Ray's records, warnings and error lines are redacted. Query names stay
@@ -29,6 +33,18 @@ PIPE_QUOTED = re.compile(r"(['\"])pipe:([^'\"\n]*)\1")
 PIPE_IN_TEXT = re.compile(r"(?<![\w/'\"])pipe:[^\n'\"]*")
 # the value of an Authorization header or of a Bearer/Basic credential, wherever it is written
 CREDENTIAL = re.compile(r"((?i:authorization)\s*[:=]\s*(?:[A-Za-z]+\s+)?|\b(?:Bearer|Basic)\s+)[A-Za-z0-9+/=._~-]{8,}")
+# object stores' credentials in free text (a library's error line, a traceback): a PEM private key (line breaks
+# real or escaped as in JSON, to its END line or the end of the text), a SAS (its `&`s included, up to a `;`),
+# the value after a credential's name (Azure connection strings and kwargs, AWS and OAuth names, env lines), an
+# Azure account key (64 bytes of base64), a Hugging Face token, a Google OAuth access token
+PEM_KEY = re.compile(r"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----.*?(?:-----END (?:[A-Z]+ )*PRIVATE KEY-----|\Z)", re.S)
+SAS_VALUE = re.compile(r"(?i)(\bSharedAccessSignature=)[^\s'\";]+")
+NAMED_SECRET = re.compile(
+    r"(?i)(\b(?:\w*_)?(?:account_?key|sas_?token|client_?secret|private_?key|secret_?access_?key|session_?token"
+    r"|access_?token|refresh_?token|hf_?token|password|sig)['\"]?\s*[=:]\s*['\"]?)(?!\*\*\*)[^\s'\";,&]+"
+)
+AZURE_KEY = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{86}==(?![A-Za-z0-9+/=])")
+STORE_TOKEN = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|ya29\.[A-Za-z0-9_-]{20,})")
 TOKEN_SEGMENT = re.compile(r"[A-Za-z0-9_~:+=-]{20,}")
 HEX_SEGMENT = re.compile(r"[0-9a-fA-F]{32,}")
 OPTION = re.compile(r"-{1,2}[A-Za-z][\w-]*")
@@ -134,6 +150,20 @@ def redact_text(text: str) -> str:
         text = URL_IN_TEXT.sub(lambda match: redact(match.group()), text)
     if re.search(r"(?i)authorization|bearer|basic", text):  # cheap test first: most lines hold none
         text = CREDENTIAL.sub(lambda match: match[1] + HIDDEN, text)
+    return redact_store_secrets(text)
+
+
+def redact_store_secrets(text: str) -> str:
+    """`text` with object stores' credentials hidden, as their libraries' errors may quote them (see above)."""
+    if "PRIVATE KEY-----" in text:
+        text = PEM_KEY.sub(HIDDEN, text)
+    if "=" in text or ":" in text:
+        text = SAS_VALUE.sub(lambda match: match[1] + HIDDEN, text)
+        text = NAMED_SECRET.sub(lambda match: match[1] + HIDDEN, text)
+    if "==" in text:
+        text = AZURE_KEY.sub(HIDDEN, text)
+    if "hf_" in text or "ya29." in text:
+        text = STORE_TOKEN.sub(HIDDEN, text)
     return text
 
 

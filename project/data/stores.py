@@ -81,11 +81,13 @@ STORE_PACKAGES = {
 }
 
 
-def install_advice(url: str) -> str:
-    """What to install to read `url`'s scheme: the package and the project's extra that brings it."""
+def install_advice(url: str, error: ImportError | None = None) -> str:
+    """What to install to read `url`'s scheme: the package and the project's extra that brings it, or for a
+    scheme the project declares no extra for, fsspec's own advice (`error`: "Install ocifs to access ...")."""
     package, extra = STORE_PACKAGES.get(scheme_of(url), (None, None))
     if package is None:
-        return "install the fsspec filesystem for its scheme"
+        said = " ".join(str(error or "").split())
+        return "install the fsspec filesystem for its scheme" + (f" ({redact_text(said)})" if said else "")
     return f'pip install {package} (or pip install -e ".[{extra}]")'
 
 
@@ -101,7 +103,7 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise UserError(f"cannot open {redact(url)}: install fsspec") from None
     try:
         return fsspec.core.url_to_fs(url)
-    except ImportError:
-        raise UserError(f"cannot open {redact(url)}: {install_advice(url)}") from None
+    except ImportError as error:
+        raise UserError(f"cannot open {redact(url)}: {install_advice(url, error)}") from None
     except ValueError as error:  # an unknown protocol
         raise UserError(f"cannot open {redact(url)}: {redact_text(str(error))}") from None
