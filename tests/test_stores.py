@@ -346,3 +346,43 @@ def test_a_library_error_quoting_credentials_prints_none_of_them(store, capsys, 
     with caplog.at_level(logging.WARNING, logger="project.data"):  # a skipped sample's warning, in training
         SkipLedger("train", epoch=0, planned=1000, max_fraction=1.0).record([(url, "val-000", str(error.value))])
     assert "LibraryError" in caplog.text and not [secret for secret in secrets if secret in caplog.text]
+
+
+class _ClientError(Exception):
+    """A library's own error type, as google.auth's or azure's are (not a builtin)."""
+
+
+_ClientError.__module__ = "google.auth.exceptions"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("All connection methods have failed!\nsee sig=AbCdEf0123456789AbCdEf0123456789"),
+        _ClientError("could not refresh: AccountKey=c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2Vj;"),
+        OSError("metadata server unreachable"),
+    ],
+)
+def test_a_filesystem_that_cannot_start_is_one_line_with_no_secret(monkeypatch, error):
+    import fsspec.core
+
+    def refuse(url, **kwargs):
+        raise error
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", refuse)
+    with pytest.raises(UserError) as raised:
+        filesystem("gs://bucket/shard.tar")
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith("cannot open gs://bucket/shard.tar: "), line
+    assert "AbCdEf0123456789AbCdEf0123456789" not in line and "c2VjcmV0c2Vj" not in line, line
+
+
+def test_a_bug_in_a_filesystem_stays_a_traceback(monkeypatch):
+    import fsspec.core
+
+    def broken(url, **kwargs):
+        raise TypeError("a bug, not the user's input")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", broken)
+    with pytest.raises(TypeError):
+        filesystem("gs://bucket/shard.tar")

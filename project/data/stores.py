@@ -105,5 +105,16 @@ def filesystem(url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url)
     except ImportError as error:
         raise UserError(f"cannot open {redact(url)}: {install_advice(url, error)}") from None
-    except ValueError as error:  # an unknown protocol
-        raise UserError(f"cannot open {redact(url)}: {redact_text(str(error))}") from None
+    except (ValueError, OSError, RuntimeError) as error:  # an unknown protocol; a client that cannot start
+        raise UserError(f"cannot open {redact(url)}: {_one_line(error)}") from None
+    except Exception as error:  # a library's own error type (google.auth's, azure's): one line, not a traceback
+        if type(error).__module__ == "builtins":
+            raise  # a bug's TypeError or KeyError stays a traceback
+        raise UserError(f"cannot open {redact(url)}: {_one_line(error)}") from None
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's text, its type named where it is a library's, on one line with its secrets hidden."""
+    text = " ".join(str(error).split())
+    named = text if type(error).__module__ == "builtins" else f"{type(error).__name__}: {text}"
+    return redact_text(named)
