@@ -1,16 +1,21 @@
 """Secrets in URLs and commands never reach disk or screen: what the project writes or prints shows them as `***`.
 
 This module is the one choke point for that. What counts as a secret:
-- in a URL: the userinfo (`user:token@`), every query value (presigned signatures, SAS tokens), the fragment,
-  and any path segment that looks like a token (20 or more letters and digits of both cases, or 32 or more
-  hex digits: `https://host/<token>/shard.tar`);
+- in a URL: the userinfo (`user:token@`; not an Azure container's name, `abfs://container@account...`), every
+  query value (presigned signatures, SAS tokens), the fragment, and any path segment that looks like a token (20
+  or more letters and digits of both cases, or 32 or more hex digits: `https://host/<token>/shard.tar`) or holds
+  a store's credential as below, percent-encoded or not;
 - in a `pipe:` command: every argument but the program, options, URLs (redacted as above), paths and short
   lower-case words, and always the argument after an option that carries a credential (`-u`, `-H`, ...);
 - in any text: the above, the value after `Authorization:`, `Bearer` or `Basic`, and the credentials of object
   stores' libraries as their errors may quote them: a named secret's value (`AccountKey=`,
-  `SharedAccessSignature=`, `sig=`, `account_key=`, `client_secret`, `refresh_token`, ...: an Azure connection
-  string or SAS, a kwargs repr, an env line), a PEM private key (a Google service account's JSON), an Azure account
-  key (88 characters of base64), a Hugging Face token (`hf_...`) and a Google access token (`ya29....`).
+  `SharedAccessSignature=`, `sig=`, `account_key=`, `client_secret`, `refresh_token`, `secret`,
+  `X-Amz-Security-Token`, ...: an Azure connection string or SAS, a kwargs repr, an env line, a header; `=` and `:`
+  also as `%3D`, `%3A`), a PEM private key (a Google service account's JSON), an Azure account key (88 characters of
+  base64), a Hugging Face token (`hf_...`), a Google access token (`ya29....`) and an AWS key id (`AKIA...`).
+
+Every pattern is linear in its text (it runs on every warning line). Not caught: a secret cut by a line break
+inside it, and a token-like path segment of fewer than 20 characters.
 
 The real URL is still what is read: only its copies in config.yaml, hparams.yaml, TensorBoard, checkpoints,
 Optuna's and Ray's records, warnings and error lines are redacted. Query names stay
@@ -23,28 +28,38 @@ from __future__ import annotations
 import re
 import shlex
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 HIDDEN = "***"
-# a URL inside text: scheme://, then up to whitespace or a quote, not ending on punctuation of the sentence
-URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]*[^\s'\"<>`.,:;)\]]")
+# a URL inside text: scheme://, then up to whitespace or a quote, not ending on punctuation of the sentence; tried
+# only where a run of a scheme's characters starts (its digits and signs before the first letter kept out of
+# it), since tried at each `.` of `a.a.a. ...` the scheme was scanned to the run's end from each: minutes a MB
+URL_IN_TEXT = re.compile(r"(?<![a-zA-Z0-9+.-])[0-9+.-]*([a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]*[^\s'\"<>`.,:;)\]])")
 # a pipe: command inside text: to the end of its quotes, or else of the line
 PIPE_QUOTED = re.compile(r"(['\"])pipe:([^'\"\n]*)\1")
 PIPE_IN_TEXT = re.compile(r"(?<![\w/'\"])pipe:[^\n'\"]*")
-# the value of an Authorization header or of a Bearer/Basic credential, wherever it is written
-CREDENTIAL = re.compile(r"((?i:authorization)\s*[:=]\s*(?:[A-Za-z]+\s+)?|\b(?:Bearer|Basic)\s+)[A-Za-z0-9+/=._~-]{8,}")
+# the value of an Authorization header or of a Bearer/Basic credential, wherever it is written (after a bare
+# `Basic`, not a lower-case word: "Basic settings of ..." is prose, base64 of `user:password` hardly ever)
+CREDENTIAL = re.compile(
+    r"((?i:authorization)\s*[:=]\s*(?:[A-Za-z]+\s+)?|\bBearer\s+|\bBasic\s+(?![a-z]+(?![A-Za-z0-9+/=._~-])))"
+    r"[A-Za-z0-9+/=._~-]{8,}"
+)
 # object stores' credentials in free text (a library's error line, a traceback): a PEM private key (line breaks
 # real or escaped as in JSON, to its END line or the end of the text), a SAS (its `&`s included, up to a `;`),
-# the value after a credential's name (Azure connection strings and kwargs, AWS and OAuth names, env lines), an
-# Azure account key (64 bytes of base64), a Hugging Face token, a Google OAuth access token
+# the value after a credential's name (Azure connection strings and kwargs, AWS and OAuth names and headers, env
+# lines; `=` or `:` also percent-encoded), an Azure account key (64 bytes of base64), a Hugging Face token, a Google
+# OAuth access token, an AWS access key id (`AKIA...`, `ASIA...`: names whose secret is elsewhere, hidden alike)
 PEM_KEY = re.compile(r"-----BEGIN (?:[A-Z]+ )*PRIVATE KEY-----.*?(?:-----END (?:[A-Z]+ )*PRIVATE KEY-----|\Z)", re.S)
-SAS_VALUE = re.compile(r"(?i)(\bSharedAccessSignature=)[^\s'\";]+")
+SAS_VALUE = re.compile(r"(?i)(\bSharedAccessSignature(?:=|%3D))[^\s'\";]+")
 NAMED_SECRET = re.compile(
-    r"(?i)(\b(?:\w*_)?(?:account_?key|sas_?token|client_?secret|private_?key|secret_?access_?key|session_?token"
-    r"|access_?token|refresh_?token|hf_?token|password|sig)['\"]?\s*[=:]\s*['\"]?)(?!\*\*\*)[^\s'\";,&]+"
+    r"(?i)(\b(?:(?:\w*_)?(?:account_?key|storage_?key|api_?key|sas_?token|client_?secret|private_?key"
+    r"|secret_?access_?key|session_?token|security_?token|access_?token|refresh_?token|hf_?token|password|secret|sig)"
+    r"|x-amz-(?:security-token|signature|credential))['\"]?\s*(?:[=:]|%3[ad])\s*['\"]?)(?!\*\*\*)[^\s'\";,&]+"
 )
 AZURE_KEY = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{86}==(?![A-Za-z0-9+/=])")
-STORE_TOKEN = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|ya29\.[A-Za-z0-9_-]{20,})")
+STORE_TOKEN = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|ya29\.[A-Za-z0-9_-]{20,}|A[KS]IA[A-Z0-9]{16}\b)")
+# an Azure container's name, shown before the `@` of `abfs://container@account.dfs.core.windows.net/...`
+AZURE_CONTAINER = re.compile(r"[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9])|\$root|\$web")
 TOKEN_SEGMENT = re.compile(r"[A-Za-z0-9_~:+=-]{20,}")
 HEX_SEGMENT = re.compile(r"[0-9a-fA-F]{32,}")
 OPTION = re.compile(r"-{1,2}[A-Za-z][\w-]*")
@@ -88,7 +103,9 @@ def redact(url: str) -> str:
         return url.split("://", 1)[0] + "://" + HIDDEN
     netloc = parts.netloc
     if "@" in netloc:
-        netloc = f"{HIDDEN}@{netloc.rsplit('@', 1)[1]}"
+        user, host = netloc.rsplit("@", 1)
+        container = parts.scheme.lower() in ("az", "abfs", "abfss") and AZURE_CONTAINER.fullmatch(user)
+        netloc = f"{user if container else HIDDEN}@{host}"
     path = "/".join(HIDDEN if secret_segment(segment) else segment for segment in parts.path.split("/"))
     query = parts.query and "&".join(_hide_value(part) for part in parts.query.split("&"))
     fragment = parts.fragment and HIDDEN
@@ -100,8 +117,10 @@ def redact(url: str) -> str:
 
 def secret_segment(segment: str) -> bool:
     """Whether a path segment looks like a token rather than a name: 20 or more characters of letters and
-    digits (and `_~:+=-`) with digits and both cases, or 32 or more hex digits."""
-    if HEX_SEGMENT.fullmatch(segment):
+    digits (and `_~:+=-`) with digits and both cases, or 32 or more hex digits; or holds a store's credential
+    (`sig=...`, `hf_...`), percent-encoded or not."""
+    segment = unquote(segment)
+    if redact_store_secrets(segment) != segment or HEX_SEGMENT.fullmatch(segment):
         return True
     if not TOKEN_SEGMENT.fullmatch(segment):
         return False
@@ -147,7 +166,7 @@ def redact_text(text: str) -> str:
         text = PIPE_QUOTED.sub(lambda match: f"{match[1]}{redact('pipe:' + match[2])}{match[1]}", text)
         text = PIPE_IN_TEXT.sub(lambda match: redact(match.group()), text)
     if "://" in text:
-        text = URL_IN_TEXT.sub(lambda match: redact(match.group()), text)
+        text = URL_IN_TEXT.sub(lambda match: match[0][: match.start(1) - match.start()] + redact(match[1]), text)
     if re.search(r"(?i)authorization|bearer|basic", text):  # cheap test first: most lines hold none
         text = CREDENTIAL.sub(lambda match: match[1] + HIDDEN, text)
     return redact_store_secrets(text)
@@ -157,12 +176,12 @@ def redact_store_secrets(text: str) -> str:
     """`text` with object stores' credentials hidden, as their libraries' errors may quote them (see above)."""
     if "PRIVATE KEY-----" in text:
         text = PEM_KEY.sub(HIDDEN, text)
-    if "=" in text or ":" in text:
+    if "=" in text or ":" in text or "%3" in text:
         text = SAS_VALUE.sub(lambda match: match[1] + HIDDEN, text)
         text = NAMED_SECRET.sub(lambda match: match[1] + HIDDEN, text)
     if "==" in text:
         text = AZURE_KEY.sub(HIDDEN, text)
-    if "hf_" in text or "ya29." in text:
+    if "hf_" in text or "ya29." in text or "IA" in text:
         text = STORE_TOKEN.sub(HIDDEN, text)
     return text
 

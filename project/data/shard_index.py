@@ -37,7 +37,7 @@ MAX_URL_CHARS = 8192
 MAX_SHARD_SAMPLES = 1 << 32
 MAX_SHARD_BYTES = 1 << 44  # 16 TiB
 # the schemes an index may name besides local paths: storage, never a command (pipe:) or a local-file scheme
-INDEX_SCHEMES = frozenset({"http", "https", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "hf"})
+INDEX_SCHEMES = frozenset({"http", "https", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "hf"})
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,8 @@ def url_problem(url: str, from_remote_index: bool = False) -> str | None:
         scheme = scheme_of(url)
         if scheme not in INDEX_SCHEMES:
             return f"has the scheme {scheme}:, which is not one an index may name ({', '.join(sorted(INDEX_SCHEMES))})"
+        if not url[len(scheme) :].startswith("://"):  # fsspec reads `gs:/x` as a local path
+            return f"is no url: a {scheme} url starts {scheme}://"
     elif from_remote_index:
         return "is a local file, which a remote index may not name"
     return None

@@ -76,7 +76,6 @@ STORE_PACKAGES = {
     "az": ("adlfs", "azure"),
     "abfs": ("adlfs", "azure"),
     "abfss": ("adlfs", "azure"),
-    "adl": ("adlfs", "azure"),
     "hf": ("huggingface_hub", "hf"),
 }
 
@@ -91,12 +90,33 @@ def install_advice(url: str, error: ImportError | None = None) -> str:
     return f'pip install {package} (or pip install -e ".[{extra}]")'
 
 
+# fsspec's filesystems over another filesystem's files (a cache, an archive, a folder, a reference set): that
+# other one is named by options a url cannot give (built from a url alone, `zip://a` opened the working folder)
+WRAPPERS = frozenset(
+    {"async_wrapper", "asyncwrapper", "blockcache", "cached", "dir", "filecache", "generic", "libarchive"}
+    | {"reference", "simplecache", "tar", "zip"}
+)
+LOCAL_SCHEMES = ("file", "local", "data")  # fsspec's local files, and bytes held in the url itself
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec filesystem of a storage url and the path within it, with one line naming the package to
     install when the scheme's filesystem is missing (not fsspec's ImportError text). No `::` chains: a url
-    that holds one is refused here, since fsspec would open the chain's inner url (maybe a local file)."""
+    that holds one is refused here, since fsspec would open the chain's inner url (maybe a local file); nor a
+    store's url without `://` (`gs:/b/x`), which fsspec reads as a local path, nor a wrapper (`WRAPPERS`). The
+    scheme is read in lower case, as the index check reads it (`S3://b/x` is s3's)."""
     if "::" in url:
         raise UserError(f"cannot open {redact(url)}: fsspec chains (::) are not read")
+    scheme = scheme_of(url)
+    if len(scheme) > 1 and scheme not in LOCAL_SCHEMES and not url[len(scheme) :].startswith("://"):
+        raise UserError(
+            f"cannot open {redact(url)}: a store's url is {scheme}://BUCKET/PATH (fsspec reads it as a file)"
+        )
+    if scheme in WRAPPERS:
+        raise UserError(f"cannot open {redact(url)}: fsspec's {scheme} filesystem reads another's files: give its url")
+    if scheme == "adl":  # adlfs raises AttributeError for it
+        raise UserError(f"cannot open {redact(url)}: Azure Data Lake Gen1 (adl://) is retired: use abfs:// or az://")
+    url = scheme + url[len(scheme) :]
     try:
         import fsspec.core
     except ImportError:  # pragma: no cover - fsspec comes with lightning
