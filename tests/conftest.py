@@ -75,6 +75,14 @@ def write_shards(
 
 
 @pytest.fixture(scope="session", autouse=True)
+def own_cache_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The suite's own user cache folder ($XDG_CACHE_HOME: cached indexes, their key and locks, prepare's staging),
+    inherited by the commands the tests run: no test reads or writes the user's, and two runs of the suite at
+    once share no lock. Tests that need a fresh one set their own."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
+
+
+@pytest.fixture(scope="session", autouse=True)
 def workers_server() -> None:
     """The DataLoader workers' forkserver, started as the entry points start it: with the tasks preloaded
     (otherwise each worker of each test imports Lightning again, about a second each here)."""
