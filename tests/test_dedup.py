@@ -257,8 +257,9 @@ def test_parts_make_the_same_choices(planted, tmp_path):
     root, _ = planted
     settings = {"workers": 1, "quiet": True, "dedup": "near", "samples_per_shard": 20}
     whole = prepare(str(root), out=tmp_path / "whole", **settings)
-    for part in range(2):
-        prepare(str(root), out=tmp_path / "parts", part=(part, 2), **settings)
+    for stage, parts in (("hash", [0, 1]), ("match", [0]), ("write", [0, 1])):
+        for part in parts:
+            prepare(str(root), out=tmp_path / "parts", part=(part, 2), stage=stage, **settings)
     parts = sorted(s["__key__"] for path in (tmp_path / "parts").rglob("*.tar") for s in read_samples(str(path)))
     assert parts == sorted(key for keys in keys_by_split(tmp_path / "whole").values() for key in keys)
     assert whole.duplicates == 160

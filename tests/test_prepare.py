@@ -148,7 +148,10 @@ def test_parts_are_disjoint_and_merge_to_the_whole(image_folder, tmp_path):
     root, expected = image_folder
     options = dict(val_fraction=0.2, test_fraction=0.2, samples_per_shard=4, workers=1, quiet=True)
     prepare(str(root), out=tmp_path / "whole", **options)
-    parts = [prepare(str(root), out=tmp_path / "parts", part=(i, 2), **options) for i in range(2)]
+    for i in range(2):
+        prepare(str(root), out=tmp_path / "parts", part=(i, 2), stage="hash", **options)
+    prepare(str(root), out=tmp_path / "parts", part=(0, 2), stage="match", **options)
+    parts = [prepare(str(root), out=tmp_path / "parts", part=(i, 2), stage="write", **options) for i in range(2)]
     for split in ("train", "val", "test"):
         names = [{Path(s.url).name for s in part.shards[split]} for part in parts]
         assert not names[0] & names[1]
@@ -200,12 +203,16 @@ def test_a_part_given_as_i_of_n_on_the_command_line_writes_its_shards_and_a_part
     root, _ = image_folder
     out = tmp_path / "out"
     args = [str(root), f"--out={out}", "--part=1/2", "--samples_per_shard=4", "--workers=1", "--quiet=true"]
-    result = run_here("project.shards.prepare", *args, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    # 8 shards, in split order: train's 6 (24 samples), val's and test's 1 (3 each); this part writes every other
-    assert sorted(p.name for p in (out / "train").glob("*.tar")) == [f"train-00000{n}.tar" for n in (1, 3, 5)]
-    assert (out / "train" / "shardindex.part-1-of-2.json").exists() and not (out / "train" / "shardindex.json").exists()
-    assert result.stdout.splitlines()[-1] == f"wrote {out}: train 12, val 0, test 3 samples"
+    prepare(str(root), out=out, part=(0, 2), stage="hash", samples_per_shard=4, workers=1, quiet=True)  # the other
+    for stage in ("hash", "match", "write"):  # the match once, here by part 1 (any part's command line does)
+        result = run_here("project.shards.prepare", *args, f"--stage={stage}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    # part 1's slice of the 30 images: its own shards of 4 in each split, and its part index
+    written = json.loads((out / "train" / "shardindex.part-1-of-2.json").read_text())
+    assert [entry["url"] for entry in written["shardlist"]][0] == "train-part-1-of-2-000000.tar"
+    assert all(entry["nsamples"] <= 4 for entry in written["shardlist"])
+    assert not (out / "train" / "shardindex.json").exists()
+    assert result.stdout.splitlines()[-1].startswith(f"wrote {out}: train ")
 
 
 def gnu_tar_folder(folder: Path, label_kind: str) -> list[str]:

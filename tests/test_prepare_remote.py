@@ -5,6 +5,7 @@ read back with the project's own readers and trained on."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -121,19 +122,23 @@ def test_a_strangers_manifest_in_the_bucket_is_one_line(source, tmp_path, fake_s
 
 
 def test_parts_into_a_url_upload_their_shards_and_part_indexes(source, tmp_path, fake_s3):
-    for part in range(2):
-        prepare(str(source), out="s3://bucket/parts", part=(part, 2), **OPTIONS)
+    """Each part on its own machine (its own staging folder): the parts meet in the bucket's .parts/."""
+    for stage, parts in (("hash", [0, 1]), ("match", [0]), ("write", [0, 1])):
+        for part in parts:
+            staging = tmp_path / f"staging-{part}-{stage}"  # nothing shared but the bucket
+            prepare(str(source), out="s3://bucket/parts", part=(part, 2), stage=stage, staging=staging, **OPTIONS)
     prepare(str(source), out=tmp_path / "whole", **OPTIONS)
     for split in ("train", "val", "test"):
-        names = []
+        keys = []
         for part in range(2):
             key = f"bucket/parts/{split}/shardindex.part-{part}-of-2.json"
             if key in fake_s3.objects():
-                names += [entry["url"] for entry in json.loads(fake_s3.read(key))["shardlist"]]
-        whole = sorted(p.name for p in (tmp_path / "whole" / split).glob("*.tar"))
-        assert sorted(names) == whole  # disjoint, and together the whole
-        for name in whole:
-            assert fake_s3.read(f"bucket/parts/{split}/{name}") == (tmp_path / "whole" / split / name).read_bytes()
+                for entry in json.loads(fake_s3.read(key))["shardlist"]:
+                    shard = fake_s3.read(f"bucket/parts/{split}/{entry['url']}")
+                    samples = read_samples(entry["url"], open_stream=lambda url, data=shard: io.BytesIO(data))
+                    keys += [sample["__key__"] for sample in samples]
+        whole = [s["__key__"] for p in (tmp_path / "whole" / split).glob("*.tar") for s in read_samples(str(p))]
+        assert sorted(keys) == sorted(whole)  # disjoint, and together the whole split
         assert f"bucket/parts/{split}/shardindex.json" not in fake_s3.objects()  # shards.index merges the parts
 
 

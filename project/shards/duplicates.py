@@ -133,8 +133,11 @@ def deduplicate(records: list[Record], hashes: Hashes, mode: str, near_distance:
     return Dedup(mode, records, hashes, kept, found)
 
 
-def report(dedup: Dedup, split_of: dict[str, str], classes: list[str], out: Path, text: bool) -> list[str]:
-    """Write duplicates.csv and the contact sheet (or text preview) into `out`; return the lines to print."""
+def report(
+    dedup: Dedup, split_of: dict[str, str], classes: list[str], out: Path, text: bool, *, sheet: bool = True
+) -> list[str]:
+    """Write duplicates.csv and the contact sheet (or text preview) into `out`; return the lines to print. Without
+    `sheet` (the matching step of --part I/N, which reads no sample), duplicates.csv alone."""
     name = {i: c for i, c in enumerate(classes)}
     rows, removed, mixed = [], Counter(), 0
     for number, group in enumerate(dedup.groups):
@@ -165,8 +168,8 @@ def report(dedup: Dedup, split_of: dict[str, str], classes: list[str], out: Path
     if dedup.groups:
         largest = ", ".join(f"{dedup.records[g[0]].key} ({len(g)} copies)" for g in dedup.groups[:3])
         lines.append(f"  largest groups: {largest}")
-        sheet = (text_preview if text else contact_sheet)(dedup, out)
-        lines.append(f"  duplicates: {csv_path}, {sheet}")
+        drawn = [(text_preview if text else contact_sheet)(dedup, out)] if sheet else []
+        lines.append(f"  duplicates: {', '.join(map(str, [csv_path, *drawn]))}")
     return lines
 
 

@@ -16,32 +16,37 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from project.data.paths import kind, within
 from project.errors import UserError
 from project.shards.records import Record, csv_field_limit, sanitize_key
 from project.tasks.labels import labels_to_classes
 
+if TYPE_CHECKING:
+    from project.shards.parts import Slice
+
 LISTING_FIELD_LIMIT = 128 << 10  # csv's default: a path or a label is short
 
 
-def listing(path: Path) -> tuple[list[Record], list[str], list[str]]:
+def listing(path: Path, part: Slice | None = None) -> tuple[list[Record], list[str], list[str]]:
     """Records, class names and a line for each row skipped. A row that cannot be read stops the listing with
     one line naming it: a field over the CSV limit, a line that is not a JSON object, a path that is not a
-    string, a file that is missing."""
+    string, a file that is missing. With `part`, only the rows whose key it holds (no other file is looked at)."""
     rows = list(_listing_rows(path))
     _check_rows(path, rows)
     folder = os.path.realpath(path.parent)
     kept: list[ListedFile] = []
     skipped: list[str] = []
     for number, row in rows:
+        if part is not None and not part.holds(sanitize_key(str(row["path"]))):
+            continue
         found = _listed_file(path, number, row, folder)
         if isinstance(found, str):
             skipped.append(f"skipped {path} row {number}: {found}")
         else:
             kept.append(found)
-    if not kept:
+    if not kept and part is None:
         raise UserError(f"{path}: every file it lists was skipped, the first as {skipped[0].partition(': ')[2]}")
     labels, classes = labels_to_classes([file.label for file in kept])
     records = [

@@ -54,6 +54,12 @@ class PrepareOptions:
         near_jaccard: texts: the least Jaccard similarity of a near copy.
         staging: with an --out url: the local folder the shards are written into before their upload (default:
             ~/.cache/lightning-shards/prepare/<hash of the url>).
+        stage: with --part I/N: all (hash, wait for the other parts' hashes, match, write), or one of them: hash
+            (per part), match (once, after every part hashed), write (per part, after match).
+        wait: --stage all: the most seconds a part waits for the other parts' hashes.
+        engine: local (this process and its workers), or ray: every part as a task on a running Ray cluster.
+        address: --engine ray: the cluster (auto: the one `ray start --head` started on this machine's network).
+        parts: --engine ray: the parts to split the work into (default: the cluster's CPUs).
     """
 
     source: str
@@ -77,6 +83,11 @@ class PrepareOptions:
     near_distance: int = DEFAULT_NEAR_DISTANCE
     near_jaccard: float = DEFAULT_NEAR_JACCARD
     staging: Path | None = None
+    stage: Literal["all", "hash", "match", "write"] = "all"
+    wait: float = 3600.0
+    engine: Literal["local", "ray"] = "local"
+    address: str = "auto"
+    parts: int | None = None
 
     def __post_init__(self) -> None:
         # the command line gives `out` as text and `part` as "I/N"; the steps read a Path or a url, and (I, N)
@@ -95,6 +106,7 @@ class PrepareOptions:
         index, count = self.part
         if not 0 <= index < count:
             raise UserError(f"--part {index}/{count}: I must be in 0..N-1")
+        check_engine(self)
 
     @property
     def folder(self) -> Path:
@@ -110,6 +122,18 @@ class PrepareOptions:
     def remote(self) -> Remote | None:
         """The bucket side of a run into an --out url; None for a local OUT."""
         return Remote(self.out, self.folder) if isinstance(self.out, str) else None
+
+
+def check_engine(options: PrepareOptions) -> None:
+    """--engine ray runs every part and every stage itself; --parts is its alone; --wait is a number of seconds."""
+    if options.engine == "ray" and (options.part != (0, 1) or options.stage != "all"):
+        raise UserError("--engine ray runs every part and stage itself: give --parts N, not --part or --stage")
+    if options.engine == "local" and options.parts is not None:
+        raise UserError("--parts is for --engine ray: a job array gives each part --part I/N")
+    if options.parts is not None and options.parts < 1:
+        raise UserError(f"--parts must be 1 or more, not {options.parts}")
+    if not options.wait >= 0:
+        raise UserError(f"--wait must be 0 or more seconds, not {options.wait}")
 
 
 def output_of(out: str | Path) -> Path | str:
@@ -197,7 +221,8 @@ class Prepared:
         left_out: a line about each file of an image folder or listing skipped before it was read: a link out
             of the source, a FIFO, a device, a folder where a file was expected (a text source's are bad rows).
         duplicates: the duplicates removed (0 with --dedup off).
-        dedup_lines: the dedup report's lines (empty with --dedup off, or on a --part other than 0).
+        dedup_lines: the dedup report's lines (empty with --dedup off, or on a part that did not match).
+        note: the line a --stage hash or match says instead of the summary.
     """
 
     shards: dict[str, list[Shard]]
@@ -206,6 +231,7 @@ class Prepared:
     left_out: list[str] = field(default_factory=list)
     duplicates: int = 0
     dedup_lines: list[str] = field(default_factory=list)
+    note: str = ""
 
     @property
     def bad_rows(self) -> int:
@@ -214,7 +240,9 @@ class Prepared:
 
 def summary(out: str | Path, result: Prepared) -> str:
     """The last line of a run: `wrote DIR: train 800, val 100, test 100 samples[; 3 bad rows skipped]
-    [; 2 links or special files skipped][; 12 duplicates removed]`."""
+    [; 2 links or special files skipped][; 12 duplicates removed]`, or a stage's own line."""
+    if result.note:
+        return result.note
     counts = ", ".join(f"{split} {sum(s.nsamples for s in shards)}" for split, shards in result.shards.items())
     plural = "" if result.bad_rows == 1 else "s"
     what = "bad row" if result.text else "unreadable image"

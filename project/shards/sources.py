@@ -31,16 +31,21 @@ from project.tasks.labels import index_classes, labels_to_classes
 if TYPE_CHECKING:
     from PIL import Image
 
+    from project.shards.parts import Slice
+
 IMAGE_SUFFIXES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 CONVERTED_SUFFIXES = {".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm"}  # stored as PNG
 LISTING_SUFFIXES = (".csv", ".jsonl", ".json")
 SOURCE_CACHE_BYTES = 50 * 10**9  # remote source shards kept for re-sharding, the least recently used out first
 
 
-def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], list[str], list[str]]:
+def image_folder(
+    root: Path, with_sizes: bool = True, part: Slice | None = None
+) -> tuple[list[Record], list[str], list[str]]:
     """ROOT/<class>/<...>/<image>: one class per top-level folder, images at any depth below it; and a line for
     each entry skipped (`project.data.paths.source_files`: links out of ROOT, FIFOs and the like). File sizes
-    (a stat per file) are read only when `with_sizes` (for --shard_size)."""
+    (a stat per file) are read only when `with_sizes` (for --shard_size). With `part`, only the images whose key
+    it holds (the folders are listed, no other file is read)."""
     classes, skipped = class_folders(root)
     if not classes:
         raise UserError(f"{root} has no class folders: expected ROOT/<class>/<image>")
@@ -51,15 +56,19 @@ def image_folder(root: Path, with_sizes: bool = True) -> tuple[list[Record], lis
         listed = source_files(root / name, wanted, sizes=with_sizes, base=root)
         skipped += listed.skipped
         for file in listed.files:
-            relative = os.path.relpath(file.path, root)
-            records.append(Record(sanitize_key(relative), label, "file", (file.real,), file.size))
-    if not records:
+            key = sanitize_key(os.path.relpath(file.path, root))
+            if part is None or part.holds(key):
+                records.append(Record(key, label, "file", (file.real,), file.size))
+    if not records and part is None:
         raise UserError(f"no images in the class folders of {root}" + (f" ({len(skipped)} skipped)" if skipped else ""))
     return records, classes, skipped
 
 
-def torchvision_dataset(name: str, root: Path, download: bool) -> tuple[list[Record], list[str]]:
-    """torchvision.datasets.NAME under ROOT; its train set feeds train/val, its test set becomes test."""
+def torchvision_dataset(
+    name: str, root: Path, download: bool, part: Slice | None = None
+) -> tuple[list[Record], list[str]]:
+    """torchvision.datasets.NAME under ROOT; its train set feeds train/val, its test set becomes test (with `part`,
+    the samples whose key it holds)."""
     import torchvision.datasets
 
     cls = getattr(torchvision.datasets, name, None)
@@ -75,11 +84,13 @@ def torchvision_dataset(name: str, root: Path, download: bool) -> tuple[list[Rec
         split = "train" if train else "test"
         for index, label in enumerate(_targets(dataset)):
             key = f"{name.lower()}/{split}/{index:08d}"
+            if part is not None and not part.holds(key):
+                continue
             records.append(
                 Record(key, int(label), "torchvision", (name, str(root), train, index), split=None if train else "test")
             )
     labels = [r.label for r in records]
-    return records, classes or [str(i) for i in range(max(labels) + 1)]
+    return records, classes or [str(i) for i in range(max(labels, default=-1) + 1)]
 
 
 def _targets(dataset: Any) -> list[int]:
@@ -89,15 +100,16 @@ def _targets(dataset: Any) -> list[int]:
     return [int(t) for t in targets]
 
 
-def tar_shards(spec: str) -> tuple[list[Record], list[str], list[str]]:
+def tar_shards(spec: str, part: Slice | None = None) -> tuple[list[Record], list[str], list[str]]:
     """Samples of existing shards (re-shard or re-split them), with their labels: class names resolve with the
     index's classes, or, where the index records none, become the sorted names; and a line for each entry of a
-    shard folder or glob skipped (`shard_spec`: a link out of it, a FIFO)."""
+    shard folder or glob skipped (`shard_spec`: a link out of it, a FIFO). With `part`, its share of the shards
+    (every N-th in the index's order): the others are not read."""
     kept, skipped = shard_spec(spec)
     index = resolve_shards(kept)
     known = index_classes(index)
     found: list[tuple[str, str, str, str, int]] = []  # url, key, image member, label text, size
-    for shard in index.shards:
+    for shard in index.shards if part is None else part.of(index.shards):
         for sample in read_samples(shard.url, extensions=WANTED_EXTENSIONS, open_stream=open_shard):
             extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
             if extension is None:
@@ -220,18 +232,24 @@ def load(
 
 
 def load_images(
-    source: str, download: bool = False, torchvision_root: str = "data/torchvision", with_sizes: bool = True
+    source: str,
+    download: bool = False,
+    torchvision_root: str = "data/torchvision",
+    with_sizes: bool = True,
+    *,
+    part: Slice | None = None,
 ) -> tuple[list[Record], list[str], list[str]]:
-    """`load`, with a line for each file of a folder or listing skipped (a link out of it, a FIFO, ...)."""
+    """`load`, with a line for each file of a folder or listing skipped (a link out of it, a FIFO, ...); with
+    `part`, the samples of its slice."""
     kind, skipped = source_kind(source), []
     if kind == "torchvision":
-        records, classes = torchvision_dataset(source.split(":", 1)[1], Path(torchvision_root), download)
+        records, classes = torchvision_dataset(source.split(":", 1)[1], Path(torchvision_root), download, part)
     elif kind == "listing":
-        records, classes, skipped = listing(Path(source))
+        records, classes, skipped = listing(Path(source), part)
     elif kind == "folder":
-        records, classes, skipped = image_folder(Path(source), with_sizes)
+        records, classes, skipped = image_folder(Path(source), with_sizes, part)
     else:
-        records, classes, skipped = tar_shards(source)
+        records, classes, skipped = tar_shards(source, part)
     return unique_keys(records), classes, skipped
 
 

@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from project.data.paths import class_folders, read_regular, source_files
 from project.data.samples import read_samples
@@ -28,6 +29,9 @@ from project.shards.sources import CONVERTED_SUFFIXES, IMAGE_SUFFIXES, open_shar
 from project.shown import shown
 from project.tasks.image.decode import ARRAY_EXTENSIONS, IMAGE_EXTENSIONS
 from project.tasks.labels import UnknownLabel, index_classes, label_index, labels_to_classes
+
+if TYPE_CHECKING:
+    from project.shards.parts import Slice
 
 TEXT, LABEL = "txt", "cls"  # the members of a text sample
 KEY_COLUMNS = ("key", "id")  # a listing's column that names its samples, if it has one
@@ -54,17 +58,21 @@ def is_text(source: str, text_column: str = "text") -> bool:
     return kind == "shards" and _shards_hold_text(source)
 
 
-def load_text(source: str, text_column: str = "text", label_column: str = "label") -> Loaded:
-    """Records, class names and skipped-row lines of a text SOURCE given on the command line."""
+def load_text(
+    source: str, text_column: str = "text", label_column: str = "label", *, part: Slice | None = None
+) -> Loaded:
+    """Records, class names and skipped-row lines of a text SOURCE given on the command line (with `part`, its
+    slice: a listing's rows whose key it holds, a folder's files whose key it holds, every N-th shard)."""
     kind = source_kind(source)
     if kind == "torchvision":
         raise UserError(f"{source} is an image dataset, not text: drop --text")
     if kind == "listing":
         records, classes, skipped = text_listing(Path(source), text_column, label_column)
+        records = records if part is None else [r for r in records if part.holds(r.key)]
     elif kind == "folder":
-        records, classes, skipped = text_folder(Path(source))
+        records, classes, skipped = text_folder(Path(source), part)
     else:
-        records, classes, skipped = text_shards(source)
+        records, classes, skipped = text_shards(source, part)
     return unique_keys(records), classes, skipped
 
 
@@ -201,7 +209,7 @@ def _folder_holds_text(root: Path) -> bool:
     return texts
 
 
-def text_folder(root: Path) -> Loaded:
+def text_folder(root: Path, part: Slice | None = None) -> Loaded:
     """ROOT/<class>/<...>/<name>.txt: one class per top-level folder, texts at any depth below it. A link out
     of ROOT, a FIFO and the like are skipped with a line (`project.data.paths.source_files`), as a bad text is."""
     classes, skipped = class_folders(root)
@@ -212,14 +220,16 @@ def text_folder(root: Path) -> Loaded:
         listed = source_files(root / name, (".txt",), base=root)
         skipped += listed.skipped
         for file in listed.files:
+            key = sanitize_key(os.path.relpath(file.path, root))
+            if part is not None and not part.holds(key):
+                continue  # another part's: not read
             data = read_regular(file.real)
             problem = text_problem(data)
             if problem is not None:
                 skipped.append(f"skipped {file.path}: {problem}")
                 continue
-            key = sanitize_key(os.path.relpath(file.path, root))
             records.append(Record(key, label, "file", (file.real,), len(data)))
-    if not records and not skipped:
+    if not records and not skipped and part is None:
         raise UserError(f"no .txt files in the class folders of {root}")
     return records, classes, skipped
 
@@ -260,14 +270,14 @@ def _sample_label(sample: dict, classes: list[str] | None) -> tuple[str | None, 
     return text, None
 
 
-def text_shards(spec: str) -> Loaded:
+def text_shards(spec: str, part: Slice | None = None) -> Loaded:
     """Samples of existing text shards (re-shard or re-split them): `.txt` texts, `.cls` labels (integers, or
     names resolved with the shard index's classes when it records them)."""
     kept, skipped = shard_spec(spec)  # a link out of a shard folder, a FIFO: skipped rows too
     index = resolve_shards(kept)
     classes = index_classes(index)
     found: list[tuple[str, str, str, int]] = []  # url, key, label text, size
-    for shard in index.shards:
+    for shard in index.shards if part is None else part.of(index.shards):
         for sample in read_samples(shard.url, extensions=frozenset({TEXT, LABEL}), open_stream=open_shard):
             where = f"{shard.url} sample {sample['__key__']}"
             problem = text_problem(sample[TEXT]) if TEXT in sample else "no .txt member"
