@@ -33,6 +33,7 @@ OTHER_PROGRAMS = {
     "hf download": {"--local-dir"},
     "mlflow server": {"--backend-store-uri"},
     "ray start": {"--head"},
+    "sbatch": {"--array", "--dependency", "--parsable", "--wrap"},
     "py-spy": {"--pid"},
     # curl, wget and the AWS CLI: options whose values are secrets, which project/redact.py hides
     "curl, wget, aws": {
