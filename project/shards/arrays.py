@@ -2,8 +2,9 @@
 arrays in an uncompressed zip (`np.savez`), written whole or not at all, and read back as a stranger's input.
 
 Reading never unpickles (object arrays are refused) and is bounded: the file at most `MAX_FILE_BYTES`, every member
-stored uncompressed (its bytes on disk are its bytes in memory), no member but the expected ones, each of its
-expected dtype and shape (`Spec`: a leading dimension shared by the arrays that have one, fixed trailing ones).
+stored uncompressed and unencrypted (its bytes on disk are its bytes in memory), no member inside another (their
+bytes together at most the file's), no member but the expected ones, each of its expected dtype and shape (`Spec`:
+a leading dimension shared by the arrays that have one, fixed trailing ones).
 Anything else is one line naming the file. Text (keys, class names) is kept as UTF-8 bytes and their end offsets.
 """
 
@@ -22,6 +23,7 @@ from project.errors import UserError
 
 MAX_FILE_BYTES = 16 << 30  # a part's hashes: ~250 bytes a near-hashed image, ~550 a text: tens of millions
 MAX_MEMBERS = 32
+ENCRYPTED = 0x41  # a zip member's flag bits: encrypted (0x1), strongly encrypted (0x40)
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,19 @@ def load_arrays(stream: IO[bytes], size: int, specs: dict[str, Spec], where: str
         raise UserError(f"{where} is {size:,} bytes, more than a part's file may be ({MAX_FILE_BYTES:,}): not read")
     try:
         with zipfile.ZipFile(stream) as archive:
-            return _checked(archive, specs, where)
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as error:
+            return _checked(archive, size, specs, where)
+    # zipfile and numpy's header parser raise these for a stranger's bytes (an encrypted member: RuntimeError; a
+    # shape past int64: OverflowError; an unknown compression: NotImplementedError)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, RuntimeError, ArithmeticError) as error:
         raise UserError(f"{where} is not a part's file of prepare: {type(error).__name__}: {error}") from None
 
 
-def _checked(archive: zipfile.ZipFile, specs: dict[str, Spec], where: str) -> dict[str, np.ndarray]:
+def _checked(archive: zipfile.ZipFile, size: int, specs: dict[str, Spec], where: str) -> dict[str, np.ndarray]:
     members = archive.infolist()
     if len(members) > MAX_MEMBERS:
         raise ValueError(f"{len(members)} members")
+    if sum(member.compress_size for member in members) > size:  # one member inside another: read twice
+        raise ValueError("its members overlap")
     names = {member.filename.removesuffix(".npy"): member for member in members}
     unknown = sorted(set(names) - set(specs))
     if unknown:
@@ -69,6 +75,8 @@ def _checked(archive: zipfile.ZipFile, specs: dict[str, Spec], where: str) -> di
             raise ValueError(f"no {name!r} array")
         if member.compress_type != zipfile.ZIP_STORED:
             raise ValueError(f"{name!r} is compressed")
+        if member.flag_bits & ENCRYPTED:
+            raise ValueError(f"{name!r} is encrypted")
         with archive.open(member) as raw:
             arrays[name] = _array(raw, member.file_size, name, spec, lengths)
     return arrays
@@ -90,6 +98,8 @@ def _array(raw: IO[bytes], stored: int, name: str, spec: Spec, lengths: dict[str
                 raise ValueError(f"{name!r} has {got} rows, not {lengths[spec.rows]}")
         elif got != want:
             raise ValueError(f"{name!r} has shape {list(shape)}, not {list(spec.shape)}")
+    if any(not 0 <= got < 2**48 for got in shape):  # numpy reads any int; np.prod would wrap or overflow
+        raise ValueError(f"{name!r} has shape {list(shape)}")
     count = int(np.prod(shape, dtype=np.int64))
     if count * expected.itemsize > stored:  # the header claims more than the member holds
         raise ValueError(f"{name!r} claims {count:,} values in {stored:,} bytes")

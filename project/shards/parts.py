@@ -4,15 +4,17 @@ leave for each other in `.parts/` under OUT, or under the --out url in its bucke
 arrays (project/shards/arrays.py: never pickled, read back bounded and checked, one line when wrong).
 
 A hash file holds the part's keys, labels (into its own class names, which it holds too), fixed splits and hashes,
-with the digest of the run's settings. A plan holds, for each of the part's samples in its hash file's order, its
-split (-1: a duplicate removed), its rank in the split's shuffled order, and its label among the run's classes,
-with the digest of the part's keys: a source changed since its part hashed it is one line, not a wrong dataset.
+with the digest of the run's settings and of its samples (`signature`). A plan holds, for each of the part's
+samples in its hash file's order, its split (-1: a duplicate removed), its rank in the split's shuffled order, and
+its label among the run's classes, with the digest of the part's samples: a source changed since its part hashed
+it is one line, not a wrong dataset.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,8 +27,9 @@ from project.data.paths import open_regular
 from project.errors import UserError
 from project.redact import redact
 from project.shards.arrays import MAX_FILE_BYTES, Spec, load_arrays, load_bytes, pack_texts, save_arrays, unpack_texts
-from project.shards.dedup import NUM_PERM, THUMB, Hashes
+from project.shards.dedup import FIELDS, NUM_PERM, THUMB, Hashes
 from project.shards.publish import Remote, uploading
+from project.shards.records import Record
 
 PARTS = ".parts"  # the folder of the parts' files, in OUT (or the staging folder, and the url's bucket)
 FIXED = ("train", "val", "test")  # a fixed split's code is its position; -1 for none
@@ -35,6 +38,7 @@ T = TypeVar("T")
 HASH_SPECS = {
     "part": Spec("int64", (2,)),
     "settings": Spec("uint8", (32,)),
+    "samples": Spec("uint8", (32,)),
     "key_bytes": Spec("uint8", (None,), rows="key_bytes"),
     "key_ends": Spec("int64", (None,)),
     "labels": Spec("int32", (None,)),
@@ -84,6 +88,27 @@ def digest(value: object) -> np.ndarray:
     return np.frombuffer(hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest(), dtype=np.uint8).copy()
 
 
+def signature(records: Sequence[Record]) -> np.ndarray:
+    """SHA-256 of what a part's samples are (key, kind, where; a local file's size and change time; a text's data),
+    as 32 uint8: the same keys with other content are other samples, whose hashes and plan are not kept."""
+    hasher = hashlib.sha256()
+    for record in records:
+        where = [str(item) for item in record.where]
+        hasher.update(json.dumps([record.key, record.kind, where, stamp(record)]).encode() + b"\n")
+    return np.frombuffer(hasher.digest(), dtype=np.uint8).copy()
+
+
+def stamp(record: Record) -> list[int] | None:
+    """A file's or a local tar's size and change time (ns), None for other samples or a file gone."""
+    if record.kind not in ("file", "tar") or "://" in str(record.where[0]):
+        return None
+    try:
+        info = os.stat(record.where[0])
+    except (OSError, ValueError):
+        return None
+    return [info.st_size, info.st_mtime_ns]
+
+
 def hash_name(part: tuple[int, int]) -> str:
     return f"{PARTS}/hashes-{part[0]}-of-{part[1]}.npz"
 
@@ -94,7 +119,8 @@ def plan_name(part: tuple[int, int]) -> str:
 
 class Place:
     """Where the parts' files are: `folder`/.parts (OUT, or with an --out url the staging folder), each also put
-    into the url's bucket when there is one, and read from there when this folder lacks it."""
+    into the url's bucket when there is one, and then read from there alone (the shared copy: a staging folder's
+    may be stale, a plan another part's new hashes took down)."""
 
     def __init__(self, folder: Path, remote: Remote | None) -> None:
         self.folder, self.remote = folder, remote
@@ -109,17 +135,17 @@ class Place:
             self.remote.put(self.folder / name)
 
     def exists(self, name: str) -> bool:
-        if (self.folder / name).is_file():
-            return True
-        return self.remote is not None and self.remote.info(name) is not None
+        if self.remote is not None:
+            return self.remote.info(name) is not None
+        return (self.folder / name).is_file()
 
     def load(self, name: str, specs: dict[str, Spec]) -> dict[str, np.ndarray]:
-        """The arrays of the file `name` (this folder's copy, else the bucket's), checked."""
+        """The arrays of the file `name` (the bucket's copy, with an --out url), checked."""
         local = self.folder / name
-        if local.is_file() or self.remote is None:
+        if self.remote is None:
             try:
                 with open_regular(local) as stream:
-                    return load_arrays(stream, local.stat().st_size, specs, str(local))
+                    return load_arrays(stream, os.fstat(stream.fileno()).st_size, specs, str(local))
             except FileNotFoundError:
                 raise UserError(f"{local} is missing: run that stage first") from None
             except OSError as error:
@@ -162,7 +188,8 @@ class Place:
 def hash_arrays(
     part: tuple[int, int], settings: np.ndarray, keys: list[str], labels: list[int], classes: list[str], **more: Any
 ) -> dict[str, np.ndarray]:
-    """A part's hash file: `more` holds `fixed` (the fixed splits, None or a split name) and `hashes`."""
+    """A part's hash file but its `samples` (`signature`): `more` holds `fixed` (the fixed splits, None or a split
+    name) and `hashes`."""
     key_bytes, key_ends = pack_texts(keys)
     class_bytes, class_ends = pack_texts(classes)
     fixed = np.asarray([-1 if s is None else FIXED.index(s) for s in more["fixed"]], dtype=np.int8)
@@ -189,10 +216,12 @@ class PartHashes:
     classes: list[str]
     fixed: np.ndarray
     hashes: Hashes | None
+    samples: np.ndarray  # the `signature` of the samples hashed
 
 
-def read_hashes(place: Place, part: tuple[int, int], settings: np.ndarray, dedup: bool) -> PartHashes:
-    """Part `part`'s hash file, as `hash_arrays` wrote it for this run's `settings`; anything else one line."""
+def read_hashes(place: Place, part: tuple[int, int], settings: np.ndarray, mode: str, text: bool) -> PartHashes:
+    """Part `part`'s hash file, as `hash_arrays` wrote it for this run's `settings` (--dedup `mode`, of texts or
+    not); anything else one line."""
     name = hash_name(part)
     arrays = place.load(name, HASH_SPECS)
     where = place.where(name)
@@ -207,22 +236,27 @@ def read_hashes(place: Place, part: tuple[int, int], settings: np.ndarray, dedup
         raise UserError(f"{where} is not a part's file of prepare: labels out of range of its classes")
     if len(fixed) and (fixed.min() < -1 or fixed.max() >= len(FIXED)):
         raise UserError(f"{where} is not a part's file of prepare: a fixed split out of range")
-    return PartHashes(keys, labels, classes, fixed, checked_hashes(arrays, len(keys), dedup, where))
+    return PartHashes(keys, labels, classes, fixed, checked_hashes(arrays, mode, text, where), arrays["samples"])
 
 
-def checked_hashes(arrays: dict[str, np.ndarray], rows: int, dedup: bool, where: str) -> Hashes | None:
-    """The hashes of a hash file; the file must hold them when the run deduplicates (and the near ones with
-    --dedup near: the settings' digest says which, but a file may lie)."""
-    if not dedup:
-        return None
-    fields = {name: arrays.get(name) for name in ("digest", "size", "phash", "phash_ok", "thumb", "minhash")}
-    if fields["digest"] is None or fields["size"] is None or (fields["phash"] is None) != (fields["thumb"] is None):
+def hash_fields(mode: str, text: bool) -> set[str]:
+    """The hash arrays a run with --dedup `mode` makes (`Hasher.result`)."""
+    if mode == "off":
+        return set()
+    near = ({"minhash"} if text else {"phash", "phash_ok", "thumb"}) if mode == "near" else set()
+    return {"digest", "size"} | near
+
+
+def checked_hashes(arrays: dict[str, np.ndarray], mode: str, text: bool, where: str) -> Hashes | None:
+    """The hashes of a hash file: exactly those this run makes (the settings' digest says which, but a file may
+    lie; a part without its near hashes would keep its near copies, and the parts' arrays must join)."""
+    fields = {name for name in FIELDS if name in arrays}
+    wanted = hash_fields(mode, text)
+    if wanted - fields:
         raise UserError(f"{where} is not a part's file of prepare: its hashes are incomplete")
-    if (fields["phash"] is None) != (fields["phash_ok"] is None):
-        raise UserError(f"{where} is not a part's file of prepare: its hashes are incomplete")
-    if rows and len(fields["digest"]) != rows:
-        raise UserError(f"{where} is not a part's file of prepare: {len(fields['digest'])} hashes for {rows} keys")
-    return Hashes(**fields)
+    if fields - wanted:
+        raise UserError(f"{where} is not a part's file of prepare: it holds hashes this run does not make")
+    return Hashes(**{name: arrays[name] for name in wanted}) if wanted else None
 
 
 def check_owner(arrays: dict[str, np.ndarray], part: tuple[int, int], settings: np.ndarray, where: str) -> None:

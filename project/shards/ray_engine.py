@@ -13,6 +13,7 @@ progress bar counts the tasks done. Ray is the optional `ray` extra.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,12 +78,30 @@ def run_on_ray(options: PrepareOptions, task: Callable[[PrepareOptions], Prepare
 
 
 def part_options(options: PrepareOptions, part: tuple[int, int], stage: str) -> PrepareOptions:
-    """The options of one task: part I/N's stage, run where the task lands, quietly (the driver has the bar)."""
-    return dataclasses.replace(options, part=part, stage=stage, engine="local", parts=None, quiet=True)
+    """The options of one task: part I/N's stage, run where the task lands, quietly (the driver has the bar), with
+    the driver's relative paths made absolute (a worker does not start in the driver's folder)."""
+    return dataclasses.replace(
+        options,
+        source=absolute(options.source),
+        out=options.out.absolute() if isinstance(options.out, Path) else options.out,
+        staging=options.staging and options.staging.absolute(),
+        torchvision_root=options.torchvision_root and os.path.abspath(options.torchvision_root),
+        part=part,
+        stage=stage,
+        engine="local",
+        parts=None,
+        quiet=True,
+    )
+
+
+def absolute(source: str) -> str:
+    """A local source's path made absolute; a url (`scheme://`) or a name that is no path here, as it is."""
+    return os.path.abspath(source) if "://" not in source and os.path.exists(source) else source
 
 
 def wait_all(ray: Any, refs: list, advance: Callable[[], None]) -> list:
-    """The tasks' results in their order, `advance` called as each finishes; a task's UserError is this run's."""
+    """The tasks' results in their order, `advance` called as each finishes; a task's UserError is this run's, and
+    so is a task that failed every try (an error reading or writing, a worker or node lost): one line."""
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
@@ -93,8 +112,17 @@ def wait_all(ray: Any, refs: list, advance: Callable[[], None]) -> list:
             cause = getattr(error, "cause", None)
             if isinstance(cause, UserError):
                 raise UserError(str(cause)) from None
-            raise
+            if isinstance(cause, RETRIED):
+                raise failed(cause) from None
+            raise  # a bug: its traceback
+        except ray.exceptions.RayError as error:  # the worker or its node lost, each time
+            raise failed(error) from None
     return ray.get(refs)
+
+
+def failed(error: BaseException) -> UserError:
+    """The line of a task that failed its every try."""
+    return UserError(f"a Ray task failed {MAX_RETRIES + 1} tries: {type(error).__name__}: {redact(str(error))}")
 
 
 def merge_indexes(options: PrepareOptions, count: int) -> None:

@@ -10,7 +10,7 @@
 
 `--stage all` (the default) does the three in one command per part: after hashing, a part waits (up to --wait
 seconds) for the others' hash files, matches unless another part has, and writes. Each stage started again
-continues: a part's hash file is kept while its slice's keys are the same, finished shards are kept.
+continues: a part's hash file is kept while its slice's samples are the same, finished shards are kept.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from project.shards.parts import (
     hash_name,
     plan_name,
     read_hashes,
+    signature,
 )
 from project.shards.prepared import MANIFEST, Prepared, PrepareOptions, check_manifest, check_out, manifest
 from project.shards.publish import Remote
@@ -76,8 +77,8 @@ def run_part(options: PrepareOptions) -> Prepared:
 def hash_part(options: PrepareOptions, listed: Listed, pool: Pool, place: Place, settings: np.ndarray) -> Prepared:
     """Hash this part's samples into its hash file, unless the file holds this slice's hashes already."""
     name, keys = hash_name(options.part), [record.key for record in listed.records]
-    dedup = options.dedup != "off"
-    kept = kept_hashes(place, options, settings, keys)
+    dedup, samples = options.dedup != "off", signature(listed.records)
+    kept = kept_hashes(place, options, settings, samples)
     if kept is None:
         hashes = None
         if dedup:
@@ -86,21 +87,22 @@ def hash_part(options: PrepareOptions, listed: Listed, pool: Pool, place: Place,
         place.remove_plans(options.part[1])  # made from this part's earlier hashes
         labels = [record.label for record in listed.records]
         fixed = [record.split for record in listed.records]
-        place.save(name, hash_arrays(options.part, settings, keys, labels, listed.classes, fixed=fixed, hashes=hashes))
+        arrays = hash_arrays(options.part, settings, keys, labels, listed.classes, fixed=fixed, hashes=hashes)
+        place.save(name, arrays | {"samples": samples})
     index, count = options.part
     note = f"hashed part {index}/{count}: {len(keys)} samples into {place.where(name)}"
     return Prepared({}, text=options.text, skipped=listed.bad_rows, left_out=listed.left_out, note=note)
 
 
-def kept_hashes(place: Place, options: PrepareOptions, settings: np.ndarray, keys: list[str]) -> PartHashes | None:
-    """This part's hash file in the folder, if it is of this slice's keys (a part started again)."""
+def kept_hashes(place: Place, options: PrepareOptions, settings: np.ndarray, samples: np.ndarray) -> PartHashes | None:
+    """This part's hash file in the folder, if it is of this slice's samples (a part started again)."""
     if not (place.folder / hash_name(options.part)).is_file():
         return None
     try:
-        kept = read_hashes(place, options.part, settings, options.dedup != "off")
+        kept = read_hashes(place, options.part, settings, options.dedup, options.text)
     except UserError:
         return None  # hashed again, and replaced
-    return kept if kept.keys == keys else None
+    return kept if np.array_equal(kept.samples, samples) else None
 
 
 def match_parts(options: PrepareOptions, place: Place, settings: np.ndarray) -> Prepared:
@@ -108,7 +110,7 @@ def match_parts(options: PrepareOptions, place: Place, settings: np.ndarray) -> 
     and the duplicates report."""
     count = options.part[1]
     dedup = options.dedup != "off"
-    parts = [read_hashes(place, (index, count), settings, dedup) for index in range(count)]
+    parts = [read_hashes(place, (index, count), settings, options.dedup, options.text) for index in range(count)]
     classes, labels = run_classes(parts)
     records = [
         Record(key, int(label), "inline", (), split=None if fixed < 0 else FIXED[fixed])
@@ -125,7 +127,7 @@ def match_parts(options: PrepareOptions, place: Place, settings: np.ndarray) -> 
     where = {record.key: (code, rank) for code, split in enumerate(SPLITS) for rank, record in enumerate(splits[split])}
     for index, (part, part_labels) in enumerate(zip(parts, labels, strict=True)):
         placed = np.asarray([where.get(key, (-1, -1)) for key in part.keys], dtype=np.int64).reshape(-1, 2)
-        arrays = plan_arrays((index, count), settings, part.keys, found=placed, labels=part_labels, classes=classes)
+        arrays = plan_arrays((index, count), settings, part.samples, found=placed, labels=part_labels, classes=classes)
         place.save(plan_name((index, count)), arrays)
     lines = []
     if found is not None:
@@ -164,7 +166,7 @@ def check_unique(records: list[Record], parts: list[PartHashes], place: Place) -
 def plan_arrays(
     part: tuple[int, int],
     settings: np.ndarray,
-    keys: list[str],
+    samples: np.ndarray,
     *,
     found: np.ndarray,
     labels: np.ndarray,
@@ -176,7 +178,7 @@ def plan_arrays(
     return {
         "part": np.asarray(part, dtype=np.int64),
         "settings": settings,
-        "keys": digest(keys),
+        "keys": samples,  # the `signature` of the part's samples its hash file holds
         "split": found[:, 0].astype(np.int8),
         "rank": found[:, 1],
         "labels": np.asarray(labels, dtype=np.int32),
@@ -185,13 +187,14 @@ def plan_arrays(
     }
 
 
-def read_plan(place: Place, options: PrepareOptions, settings: np.ndarray, keys: list[str]) -> dict:
-    """This part's plan, checked: its settings, its keys, its values in range."""
+def read_plan(place: Place, options: PrepareOptions, settings: np.ndarray, records: list[Record]) -> dict:
+    """This part's plan, checked: its settings, its samples (`signature`), its values in range."""
     name = plan_name(options.part)
     arrays = place.load(name, PLAN_SPECS)
     where = place.where(name)
     check_owner(arrays, options.part, settings, where)
-    if not np.array_equal(arrays["keys"], digest(keys)):
+    keys = [record.key for record in records]
+    if not np.array_equal(arrays["keys"], signature(records)):
         raise UserError(f"{where} is of other samples: the source changed since this part hashed it; run it again")
     try:
         classes = unpack_texts(arrays["class_bytes"], arrays["class_ends"])
@@ -207,7 +210,7 @@ def read_plan(place: Place, options: PrepareOptions, settings: np.ndarray, keys:
 
 def write_part(options: PrepareOptions, listed: Listed, pool: Pool, place: Place, settings: np.ndarray) -> Prepared:
     """Write this part's samples of each split into its own shards, as its plan says, and its part indexes."""
-    plan = read_plan(place, options, settings, [record.key for record in listed.records])
+    plan = read_plan(place, options, settings, listed.records)
     jobs = part_jobs(options, listed.records, plan)
     check_out(options.folder, [job.path for job in jobs])  # a shard's name planted as a link is no finished shard
     remote = place.remote
