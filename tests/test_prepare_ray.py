@@ -3,6 +3,7 @@ localhost, 2 CPUs), the same dataset as one machine, a task that fails once retr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -68,6 +69,12 @@ def cluster(tmp_path):
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
+        # `ray stop` would remove the file naming the last cluster; a killed head leaves it, and Ray's default
+        # address (None, or auto) would then join this cluster that is gone: remove it if it still names ours
+        current = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
+        with contextlib.suppress(OSError):
+            if current.read_text().strip().endswith(f":{port}"):
+                current.unlink()
 
 
 @pytest.mark.slow

@@ -277,3 +277,15 @@ def test_a_ray_study_on_a_running_cluster_with_relative_paths_and_one_whose_tria
         assert line == "error: every trial failed; the first: data.batch_size must be positive, got 0", line
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_a_study_without_an_address_starts_its_own_ray_not_the_last_clusters(monkeypatch):
+    # Ray's default (address None) joins the cluster /tmp/ray/ray_current_cluster names, which a head killed without
+    # `ray stop` leaves behind: a study then waited for a server that was gone
+    from project.tune.ray_backend import ray_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert ray_address(None) == "local"
+    assert ray_address("auto") == "auto" and ray_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
+    assert ray_address(None) == "10.0.0.2:6379"

@@ -50,6 +50,13 @@ from project.tune.space import best_config, short, versioned_logger
 from project.tune.study import existing_study
 
 
+def ray_address(address: str | None) -> str:
+    """Where `ray.init` goes: the cluster given (`--address`, else `RAY_ADDRESS`), else a new local Ray. Not Ray's
+    own default: given no address, it joins the cluster named in /tmp/ray/ray_current_cluster, which a head stopped
+    without `ray stop` leaves behind, and waits there for a server that is gone."""
+    return address or os.environ.get("RAY_ADDRESS") or "local"
+
+
 def run(options: Any, overrides: list[str], config: Any, search: dict, folder: Path) -> Path | None:
     """Run (or, with --resume, resume) the experiment to --n_trials trials; print the table; write best.yaml
     (its path)."""
@@ -92,7 +99,7 @@ def run(options: Any, overrides: list[str], config: Any, search: dict, folder: P
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the older reporter, silent at verbose=0: our table follows
     ray.init(
-        address=options.address,
+        address=ray_address(options.address),
         include_dashboard=False,
         log_to_driver=False,
         logging_level=logging.WARNING,
