@@ -388,3 +388,39 @@ def test_a_collection_without_duplicates_says_so(tmp_path):
     result = prepare(str(root), out=tmp_path / "out", workers=1, quiet=True, val_fraction=0, test_fraction=0)
     assert result.dedup_lines == ["dedup exact: no duplicates"] and result.duplicates == 0
     assert _rows(tmp_path / "out") == [] and not (tmp_path / "out" / "duplicates.png").exists()
+
+
+def near_text_partition(signatures: np.ndarray, order: np.ndarray) -> set[frozenset[int]]:
+    """The near-copy groups of `signatures` hashed in `order`, as sets of their original positions."""
+    from project.shards.dedup import Hashes
+    from project.shards.matching import groups
+
+    n = len(signatures)
+    digest = np.stack([np.arange(n, dtype=np.uint64)[order], np.zeros(n, dtype=np.uint64)], axis=1)  # no exact copy
+    hashes = Hashes(digest=digest, size=np.ones(n, dtype=np.int64), minhash=signatures[order])
+    labels = groups(hashes, near_jaccard=0.8)
+    found: dict[int, set[int]] = defaultdict(set)
+    for position, label in enumerate(labels):
+        found[int(label)].add(int(order[position]))
+    return {frozenset(members) for members in found.values()}
+
+
+def test_near_text_groups_are_the_same_in_any_order_of_the_records():
+    # variants of a few texts, each a few MinHash values away from its base: two variants can match each other
+    # and not the variant that comes first; the groups must not depend on which comes first, since the parts of
+    # a job array hash the records in another order than one machine
+    rng = np.random.default_rng(0)
+    bases = rng.integers(0, 2**32, size=(30, 128), dtype=np.uint32)
+    signatures = []
+    for base in bases:
+        for _ in range(8):
+            variant = base.copy()
+            changed = rng.choice(128, size=rng.integers(6, 16), replace=False)
+            variant[changed] = rng.integers(0, 2**32, size=len(changed), dtype=np.uint32)
+            signatures.append(variant)
+    signatures = np.array(signatures)
+    expected = near_text_partition(signatures, np.arange(len(signatures)))
+    assert any(len(group) > 1 for group in expected) and len(expected) > len(bases)  # matches, and not all of them
+    for seed in range(5):
+        order = np.random.default_rng(seed + 1).permutation(len(signatures))
+        assert near_text_partition(signatures, order) == expected

@@ -163,11 +163,14 @@ def minhash_pairs(signatures: np.ndarray, threshold: float) -> Iterator[tuple[np
     """Index pairs (i < j) of signatures with an estimated Jaccard similarity of at least `threshold`: the
     candidates share a band; each is checked on the whole signature."""
     bands, rows = lsh_bands(threshold)
+    # a bucket's first member is the one of least signature (its bytes), not of least index: which pairs are found
+    # then depends on the texts alone, never on the records' order (parts list them in another order than one machine)
+    content = _ranks(signatures)
     for band in range(bands):
         part = np.ascontiguousarray(signatures[:, band * rows : (band + 1) * rows])
-        keys = part.view(f"V{rows * 4}").ravel()
-        order = np.argsort(keys, kind="stable")
-        ordered = keys[order]
+        _, bucket = np.unique(part.view(f"V{rows * 4}").ravel(), return_inverse=True)
+        order = np.lexsort((content, bucket.ravel()))
+        ordered = bucket.ravel()[order]
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
         sizes = np.diff(np.r_[starts, len(ordered)])
         # each member of a bucket against the bucket's first: enough to join the bucket's matches into one group
@@ -177,6 +180,14 @@ def minhash_pairs(signatures: np.ndarray, threshold: float) -> Iterator[tuple[np
             a, b = order[query], order[position]
             similar = (signatures[a] == signatures[b]).mean(axis=1) >= threshold
             yield np.minimum(a, b)[similar], np.maximum(a, b)[similar]
+
+
+def _ranks(signatures: np.ndarray) -> np.ndarray:
+    """Each signature's rank in the order of their bytes (equal signatures share a rank): an order that depends on
+    the signatures alone."""
+    whole = np.ascontiguousarray(signatures).view(f"V{signatures.shape[1] * signatures.itemsize}").ravel()
+    _, rank = np.unique(whole, return_inverse=True)
+    return rank.ravel()
 
 
 def groups(
