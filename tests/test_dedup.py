@@ -4,6 +4,7 @@ against brute force, the index's bytes per sample, the split rules, the report, 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import sys
 import tracemalloc
@@ -105,7 +106,11 @@ def test_minhash_banding_finds_texts_above_the_threshold():
     for text in texts:
         hasher.add(text.encode())
     signatures = hasher.result().minhash
-    pairs = {pair for a, b in minhash_pairs(signatures, 0.8) for pair in zip(a.tolist(), b.tolist(), strict=True)}
+    pairs = {
+        pair
+        for a, b in minhash_pairs(signatures, 0.8, np.arange(len(signatures)))
+        for pair in zip(a.tolist(), b.tolist(), strict=True)
+    }
     assert (0, 1) in pairs and (0, 2) in pairs  # case and spacing; one word changed
     assert not any(3 in pair for pair in pairs)
 
@@ -396,7 +401,9 @@ def near_text_partition(signatures: np.ndarray, order: np.ndarray) -> set[frozen
     from project.shards.matching import groups
 
     n = len(signatures)
-    digest = np.stack([np.arange(n, dtype=np.uint64)[order], np.zeros(n, dtype=np.uint64)], axis=1)  # no exact copy
+    # each text's digest from its content, as SHA-256 of its bytes is (no two alike: no exact copy)
+    digest = np.array([np.frombuffer(hashlib.sha256(s.tobytes()).digest()[:16], np.uint64) for s in signatures])
+    digest = digest[order]
     hashes = Hashes(digest=digest, size=np.ones(n, dtype=np.int64), minhash=signatures[order])
     labels = groups(hashes, near_jaccard=0.8)
     found: dict[int, set[int]] = defaultdict(set)

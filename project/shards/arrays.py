@@ -23,6 +23,7 @@ from project.errors import UserError
 
 MAX_FILE_BYTES = 16 << 30  # a part's hashes: ~250 bytes a near-hashed image, ~550 a text: tens of millions
 MAX_MEMBERS = 32
+READ_CHUNK = 16 << 20  # bytes of a member read at a time
 ENCRYPTED = 0x41  # a zip member's flag bits: encrypted (0x1), strongly encrypted (0x40)
 
 
@@ -103,10 +104,15 @@ def _array(raw: IO[bytes], stored: int, name: str, spec: Spec, lengths: dict[str
     count = int(np.prod(shape, dtype=np.int64))
     if count * expected.itemsize > stored:  # the header claims more than the member holds
         raise ValueError(f"{name!r} claims {count:,} values in {stored:,} bytes")
-    data = raw.read(count * expected.itemsize)
-    if len(data) != count * expected.itemsize:
-        raise ValueError(f"{name!r} is cut short")
-    return np.frombuffer(data, dtype=expected).reshape(shape).copy()
+    array = np.empty(count, dtype=expected)
+    into, done = memoryview(array).cast("B"), 0
+    while done < len(into):  # a chunk at a time, straight into the array: the file's bytes are never held twice
+        chunk = raw.read(min(len(into) - done, READ_CHUNK))
+        if not chunk:
+            raise ValueError(f"{name!r} is cut short")
+        into[done : done + len(chunk)] = chunk
+        done += len(chunk)
+    return array.reshape(shape)
 
 
 def pack_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

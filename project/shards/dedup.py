@@ -63,10 +63,25 @@ class Hashes:
         return {name: getattr(self, name) for name in FIELDS if getattr(self, name) is not None}
 
     @staticmethod
-    def concat(parts: list[Hashes]) -> Hashes:
+    def concat(parts: list[Hashes], release: bool = False) -> Hashes:
+        """The parts' hashes, one after another. With `release`, each part's array is dropped once it is joined, so
+        that only one field at a time is in memory twice (the parts are emptied)."""
+
         def joined(name: str) -> np.ndarray | None:
             arrays = [getattr(p, name) for p in parts]
-            return None if not arrays or arrays[0] is None else np.concatenate(arrays)
+            if not arrays or arrays[0] is None:
+                return None
+            if not release:
+                return np.concatenate(arrays)
+            for p in parts:
+                setattr(p, name, None)
+            whole = np.empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), dtype=arrays[0].dtype)
+            start = 0
+            for index, array in enumerate(arrays):
+                whole[start : start + len(array)] = array
+                start += len(array)
+                arrays[index] = None  # freed as soon as it is copied
+            return whole
 
         return Hashes(**{name: joined(name) for name in FIELDS})
 

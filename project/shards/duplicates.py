@@ -113,24 +113,30 @@ class Dedup:
 
 def deduplicate(records: list[Record], hashes: Hashes, mode: str, near_distance: int, near_jaccard: float) -> Dedup:
     """Keep one copy of each group (see the module's docstring)."""
-    labels = groups(hashes, near_distance, near_jaccard)
-    members: dict[int, list[int]] = {}
-    for index, label in enumerate(labels.tolist()):
-        members.setdefault(label, []).append(index)
-    size = hashes.size.tolist()
-    kept, found = [], []
-    for group in members.values():
-        if len(group) == 1:
-            kept.append(records[group[0]])
-            continue
+    labels = groups(hashes, near_distance, near_jaccard)  # each sample's group: its least member's index
+    sizes = np.bincount(labels, minlength=len(labels))
+    size = hashes.size
+    chosen, found = {}, []
+    for group in members_of(labels, sizes):
         fixed = {records[i].split for i in group} - {None}
         split = next((s for s in SPLIT_PRIORITY if s in fixed), None)
         eligible = [i for i in group if split is None or records[i].split == split]
-        best = min(eligible, key=lambda i: (-size[i], records[i].key))
-        kept.append(dataclasses.replace(records[best], split=split) if split else records[best])
+        best = min(eligible, key=lambda i: (-int(size[i]), records[i].key))
+        chosen[group[0]] = dataclasses.replace(records[best], split=split) if split else records[best]
         found.append([best, *sorted((i for i in group if i != best), key=lambda i: records[i].key)])
+    # one record a group, in the order of the groups' least members
+    kept = [chosen.get(root, records[root]) for root in np.flatnonzero(sizes).tolist()]
     found.sort(key=lambda g: (-len(g), records[g[0]].key))
     return Dedup(mode, records, hashes, kept, found)
+
+
+def members_of(labels: np.ndarray, sizes: np.ndarray) -> list[list[int]]:
+    """The groups of two or more (`labels` as `groups` gives them, `sizes` their counts), each its members' indices
+    in ascending order, the groups in the order of their least members."""
+    joined = np.flatnonzero(sizes[labels] > 1)
+    joined = joined[np.argsort(labels[joined], kind="stable")]
+    ends = np.flatnonzero(np.diff(labels[joined])) + 1
+    return [group.tolist() for group in np.split(joined, ends)] if len(joined) else []
 
 
 def report(

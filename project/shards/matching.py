@@ -159,18 +159,25 @@ def lsh_bands(threshold: float) -> tuple[int, int]:
     return best
 
 
-def minhash_pairs(signatures: np.ndarray, threshold: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def minhash_pairs(
+    signatures: np.ndarray, threshold: float, content: np.ndarray, rows: np.ndarray | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Index pairs (i < j) of signatures with an estimated Jaccard similarity of at least `threshold`: the
-    candidates share a band; each is checked on the whole signature."""
-    bands, rows = lsh_bands(threshold)
-    # a bucket's first member is the one of least signature (its bytes), not of least index: which pairs are found
-    # then depends on the texts alone, never on the records' order (parts list them in another order than one machine)
-    content = _ranks(signatures)
+    candidates share a band; each is checked on the whole signature. Signature i is `signatures[rows[i]]` (all of
+    them, without `rows`: no copy of the signatures is made), and `content[i]` its sample's rank in an order of
+    the samples' content alone (`content_ranks`)."""
+    bands, width = lsh_bands(threshold)
+    if rows is None:
+        rows = np.arange(len(signatures))
+    # a bucket's first member is the one of least content rank, not of least index: which pairs are found then
+    # depends on the texts alone, never on the records' order (parts list them in another order than one machine)
     for band in range(bands):
-        part = np.ascontiguousarray(signatures[:, band * rows : (band + 1) * rows])
-        _, bucket = np.unique(part.view(f"V{rows * 4}").ravel(), return_inverse=True)
+        part = np.ascontiguousarray(signatures[rows, band * width : (band + 1) * width])
+        _, bucket = np.unique(part.view(f"V{width * 4}").ravel(), return_inverse=True)
+        del part
         order = np.lexsort((content, bucket.ravel()))
         ordered = bucket.ravel()[order]
+        del bucket
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
         sizes = np.diff(np.r_[starts, len(ordered)])
         # each member of a bucket against the bucket's first: enough to join the bucket's matches into one group
@@ -178,16 +185,18 @@ def minhash_pairs(signatures: np.ndarray, threshold: float) -> Iterator[tuple[np
         counts[starts[sizes > 1]] = sizes[sizes > 1] - 1
         for query, position in _expand(counts, np.arange(len(ordered)) + 1):
             a, b = order[query], order[position]
-            similar = (signatures[a] == signatures[b]).mean(axis=1) >= threshold
+            similar = (signatures[rows[a]] == signatures[rows[b]]).mean(axis=1) >= threshold
             yield np.minimum(a, b)[similar], np.maximum(a, b)[similar]
 
 
-def _ranks(signatures: np.ndarray) -> np.ndarray:
-    """Each signature's rank in the order of their bytes (equal signatures share a rank): an order that depends on
-    the signatures alone."""
-    whole = np.ascontiguousarray(signatures).view(f"V{signatures.shape[1] * signatures.itemsize}").ravel()
-    _, rank = np.unique(whole, return_inverse=True)
-    return rank.ravel()
+def content_ranks(digests: np.ndarray) -> np.ndarray:
+    """Each sample's rank in the order of its content digest (SHA-256, as uint64 words): an order that depends on
+    the samples alone, whatever order they are listed in (equal digests are one sample's exact copies)."""
+    words = np.ascontiguousarray(digests).view(np.uint64).reshape(len(digests), -1)
+    order = np.lexsort(words.T[::-1])  # by the first word, then the next, ...
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
 
 
 def groups(
@@ -208,7 +217,8 @@ def groups(
         for a, b in phash_pairs(hashes.phash[distinct], near_distance, hashes.thumb, distinct, joined):
             forest.union_arrays(distinct[a], distinct[b])
     if hashes.minhash is not None:
-        for a, b in minhash_pairs(hashes.minhash[distinct], near_jaccard):
+        content = content_ranks(hashes.digest[distinct])
+        for a, b in minhash_pairs(hashes.minhash, near_jaccard, content, rows=distinct):
             forest.union_arrays(distinct[a], distinct[b])
     return forest.labels()
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # millions are held at once: no __dict__ each (80 bytes, not 350)
 class Record:
     """One sample to write: its key, integer label, where its image is, and a split it must go to."""
 

@@ -112,26 +112,38 @@ def match_parts(options: PrepareOptions, place: Place, settings: np.ndarray) -> 
     dedup = options.dedup != "off"
     parts = [read_hashes(place, (index, count), settings, options.dedup, options.text) for index in range(count)]
     classes, labels = run_classes(parts)
-    records = [
-        Record(key, int(label), "inline", (), split=None if fixed < 0 else FIXED[fixed])
-        for part, part_labels in zip(parts, labels, strict=True)
-        for key, label, fixed in zip(part.keys, part_labels.tolist(), part.fixed.tolist(), strict=True)
+    records = [  # each record's `where` is its position among all the parts' records
+        Record(key, label, "inline", (position,), split=None if fixed < 0 else FIXED[fixed])
+        for position, (key, label, fixed) in enumerate(
+            zip(
+                (key for part in parts for key in part.keys),
+                np.concatenate(labels).tolist(),
+                np.concatenate([part.fixed for part in parts]).tolist(),
+                strict=True,
+            )
+        )
     ]
     check_unique(records, parts, place)
     found = None
     if dedup:
-        hashes = Hashes.concat([part.hashes for part in parts])
+        hashes = Hashes.concat([part.hashes for part in parts], release=True)  # held once, not twice
         found = deduplicate(records, hashes, options.dedup, options.near_distance, options.near_jaccard)
     kept = records if found is None else found.kept
     splits = split_records(kept, options.val_fraction, options.test_fraction, options.seed)
-    where = {record.key: (code, rank) for code, split in enumerate(SPLITS) for rank, record in enumerate(splits[split])}
+    placed = np.full((len(records), 2), -1, dtype=np.int64)  # each record's split code and rank in it; -1 removed
+    for code, split in enumerate(SPLITS):
+        positions = [record.where[0] for record in splits[split]]
+        placed[positions, 0], placed[positions, 1] = code, np.arange(len(positions))
+    starts = np.cumsum([0, *(len(part.keys) for part in parts)])
     for index, (part, part_labels) in enumerate(zip(parts, labels, strict=True)):
-        placed = np.asarray([where.get(key, (-1, -1)) for key in part.keys], dtype=np.int64).reshape(-1, 2)
-        arrays = plan_arrays((index, count), settings, part.samples, found=placed, labels=part_labels, classes=classes)
+        found_here = placed[starts[index] : starts[index + 1]]
+        arrays = plan_arrays(
+            (index, count), settings, part.samples, found=found_here, labels=part_labels, classes=classes
+        )
         place.save(plan_name((index, count)), arrays)
     lines = []
     if found is not None:
-        split_of = {record.key: split for split, members in splits.items() for record in members}
+        split_of = {records[group[0]].key: SPLITS[placed[group[0], 0]] for group in found.groups}  # the kept copies
         lines = report(found, split_of, classes, place.folder, options.text, sheet=False)
         if place.remote is not None:
             place.remote.put(place.folder / "duplicates.csv")
@@ -154,13 +166,14 @@ def run_classes(parts: list[PartHashes]) -> tuple[list[str], list[np.ndarray]]:
 
 def check_unique(records: list[Record], parts: list[PartHashes], place: Place) -> None:
     """No key in two parts (two files whose names make one key, sliced apart): one line naming it."""
+    if len({record.key for record in records}) == len(records):
+        return
     counts = Counter(record.key for record in records)
-    twice = next((key for key, number in counts.items() if number > 1), None)
-    if twice is not None:
-        holders = [index for index, part in enumerate(parts) if twice in part.keys]
-        raise UserError(
-            f"sample key {shown(twice)} is in parts {holders} of {place.where('.parts')}: rename one of its files"
-        )
+    twice = next(key for key, number in counts.items() if number > 1)
+    holders = [index for index, part in enumerate(parts) if twice in part.keys]
+    raise UserError(
+        f"sample key {shown(twice)} is in parts {holders} of {place.where('.parts')}: rename one of its files"
+    )
 
 
 def plan_arrays(
