@@ -84,6 +84,8 @@ class SpeedMonitor(ThroughputMonitor):
         self.total_compute += compute
         self._waits.append(wait)
         self._steps.append(wait + compute)
+        if not will_log(trainer):  # a step value the loggers would not write: not worth a log call (1 ms on a CPU)
+            return
         pl_module.log("perf/data_wait", sum(self._waits) / max(sum(self._steps), 1e-9), on_step=True, on_epoch=False)
         name, gigabytes = peak_memory(pl_module.device)
         pl_module.log(name, gigabytes, on_step=True, on_epoch=False)
@@ -110,6 +112,13 @@ class SpeedMonitor(ThroughputMonitor):
             "set the pace (on GPUs mixed precision speeds them up; for images also model.channels_last and "
             "model.compile)"
         )
+
+
+def will_log(trainer: L.Trainer) -> bool:
+    """Whether the loggers write this training step's values (every `trainer.log_every_n_steps`): what Lightning's
+    own LearningRateMonitor asks, through the same attribute."""
+    connector = getattr(trainer, "_logger_connector", None)
+    return bool(getattr(connector, "should_update_logs", True))
 
 
 def peak_memory(device: torch.device) -> tuple[str, float]:

@@ -116,7 +116,7 @@ class Classifier(CheckedLoading, L.LightningModule):
         """Log the stage's loss and accuracy (and count the test confusion matrix); returns the loss."""
         loss = self.loss(logits, labels) if loss is None else loss
         accuracy = self.metrics[f"{stage}_acc"]
-        accuracy(logits, labels)
+        accuracy.update(logits, labels)  # logged per epoch: no batch value to compute (forward would)
         size = len(labels)
         if stage == "train":
             self.log("train/loss", loss, prog_bar=True, batch_size=size)
