@@ -169,7 +169,7 @@ class Place:
 
     def wait_for(self, names: list[str], seconds: float, what: str, tell: Any) -> None:
         """Wait until every file of `names` is there, at most `seconds` (a line when it starts waiting)."""
-        deadline, told = time.monotonic() + seconds, False
+        deadline, told, pause = time.monotonic() + seconds, False, 0.1
         while True:
             missing = [name for name in names if not self.exists(name)]
             if not missing:
@@ -182,7 +182,8 @@ class Place:
             if not told:
                 tell([f"waiting for {what}: {len(missing)} of {len(names)} missing, up to {seconds:g} s (--wait)"])
                 told = True
-            time.sleep(min(2.0, max(0.05, seconds / 100)))
+            time.sleep(min(pause, max(0.05, deadline - time.monotonic())))
+            pause = min(2.0, pause * 1.5)  # soon after a part that finishes soon, every 2 s after a long wait
 
 
 def hash_arrays(
