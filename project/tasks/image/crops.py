@@ -79,12 +79,21 @@ class CropFlip:
         h = round(width / self.ratio[0]) if width / height < self.ratio[0] else height
         return (height - h) // 2, (width - w) // 2, h, w
 
-    def crop(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def draws(self) -> list[float]:
+        """One image's `DRAWS` uniform draws from the batch's generator: its box's, then its flip's."""
+        return torch.rand(DRAWS, dtype=torch.float64, generator=batch_generator()).tolist()
+
+    def crop(self, image: np.ndarray, out: np.ndarray | None = None, draws: list[float] | None = None) -> np.ndarray:
         """One HWC uint8 image's random crop, resized to size x size HWC (into `out` if given) and flipped
-        with probability `flip`; its box and flip are one draw of the batch's generator."""
-        draws = torch.rand(DRAWS, dtype=torch.float64, generator=batch_generator()).tolist()
+        with probability `flip`; its box and flip are one draw of the batch's generator (or `draws`)."""
+        draws = self.draws() if draws is None else draws
         top, left, height, width = self.box(image.shape[0], image.shape[1], draws)
-        out = resize(image[top : top + height, left : left + width], self.size, out=out)
+        return self.finish(image[top : top + height, left : left + width], draws, out=out)
+
+    def finish(self, crop: np.ndarray, draws: list[float], out: np.ndarray | None = None) -> np.ndarray:
+        """An image's pixels cut to its box (HWC), resized to size x size (into `out` if given) and flipped
+        as its last draw says."""
+        out = resize(crop, self.size, out=out)
         if draws[-1] < self.flip:
             flip(out)
         return out

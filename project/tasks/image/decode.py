@@ -86,8 +86,9 @@ _RGB = ImageReadMode.RGB.value
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's frame header, walking the segments before it; None if not found."""
+def jpeg_frame(data: bytes) -> tuple[int, int, int, int, int] | None:
+    """(marker, precision, width, height, components) from a JPEG's frame header, walking the segments before
+    it; None if not found."""
     if data[:2] != b"\xff\xd8":
         return None
     i, end = 2, len(data) - 9
@@ -99,9 +100,25 @@ def jpeg_size(data: bytes) -> tuple[int, int] | None:
             i += 1
             continue
         if marker in _SOF_MARKERS:
-            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
+            width, height = int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
+            return marker, data[i + 4], width, height, data[i + 9]
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
     return None
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header (`jpeg_frame`); None if not found."""
+    frame = jpeg_frame(data)
+    return None if frame is None else (frame[2], frame[3])
+
+
+def dct_factor(dimensions: tuple[int, int], size: int | None) -> int:
+    """The largest DCT scale denominator (1, 2, 4 or 8) at which an image of these (width, height) still has
+    its shorter side `size` or more (libjpeg decodes each side / factor, rounded up); 1 without a size."""
+    factor = 1
+    while size is not None and factor < 8 and min(dimensions) // (2 * factor) >= size:
+        factor *= 2
+    return factor
 
 
 def decode_jpeg_pixels(
@@ -124,9 +141,7 @@ def decode_jpeg_pixels(
     if dimensions is None:
         return None
     if simplejpeg is not None and _simplejpeg_reads(data):
-        factor = 1
-        while size is not None and factor < 8 and min(dimensions) // (2 * factor) >= size:
-            factor *= 2
+        factor = dct_factor(dimensions, size)
         width, height = (-(-side // factor) for side in dimensions)  # what the 1/factor scale decodes to
         scaled = {"min_width": width, "min_height": height} if factor > 1 else {}
         try:

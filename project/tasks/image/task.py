@@ -15,6 +15,7 @@ from project.data.shared import pooled_empty
 from project.data.task import Task
 from project.errors import DecodeError
 from project.tasks.image.batch import EncodedImageBatch, ImageBatch, ImageExample
+from project.tasks.image.crop_decode import RegionCrop
 from project.tasks.image.crops import CropFlip, hwc
 from project.tasks.image.decode import (
     ARRAY_EXTENSIONS,
@@ -71,16 +72,42 @@ class ImageTask(Task):
         # decode at a reduced JPEG scale only while the smallest usual crop still covers image_size
         smallest = self.crop_flip.scale[0] if self.crop_flip else 1.0
         self.decode_sizes = {"train": math.ceil(image_size / math.sqrt(smallest))}
+        # a training JPEG's crop decoded alone where that costs less (crop_decode.py)
+        sizes = {"decode_size": self.decode_sizes["train"], "image_size": image_size, "max_pixels": max_image_pixels}
+        self.region_crop = RegionCrop(self.crop_flip, **sizes) if self.crop_flip is not None else None
 
     def decode(self, sample: Sample, stage: str) -> ImageExample:
         """The sample's label and its pixels (for training, already cropped and flipped), or, with
         decode_on=device, its JPEG bytes. For predict the label is optional (`NO_LABEL` when missing)."""
         if self.decode_on == "device" and (example := self.deferred(sample, stage)) is not None:
             return example
-        example = self.decode_pixels(sample, stage)
         if stage == "train" and self.crop_flip is not None:
-            return self.train_crop(example)  # now, while the decoded pixels are in the CPU's cache (crops.py)
-        return example
+            return self.train_decode(sample)
+        return self.decode_pixels(sample, stage)
+
+    def train_decode(self, sample: Sample) -> ImageExample:
+        """A training example, its image cropped, resized and flipped: a JPEG's crop decoded alone where that
+        costs less (crop_decode.py), else the whole image decoded and cropped at once, while its pixels are in
+        the CPU's cache (crops.py). A skipped sample takes no draws, as when every image was decoded whole."""
+        extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+        try:  # from the header alone
+            plan = self.region_crop.plan(sample[extension]) if extension in ("jpg", "jpeg") else None
+        except ValueError as error:  # past the pixel bounds
+            raise DecodeError.of(sample, error) from None
+        if plan is None:
+            return self.train_crop(self.decode_pixels(sample, "train"))
+        generator = batch_generator() or torch.default_generator
+        state = generator.get_state()
+        try:
+            draws = self.crop_flip.draws()
+            region = self.region_crop.pixels(sample[extension], plan, draws)
+            if region is None:
+                return self.train_crop(self.decode_pixels(sample, "train"), draws)
+            pixels = torch.from_numpy(self.crop_flip.finish(region, draws)).permute(2, 0, 1)
+            return ImageExample(sample_label(sample, self.classes), pixels)
+        except BaseException:
+            generator.set_state(state)  # a skipped sample's draws are given back
+            raise
 
     def deferred(self, sample: Sample, stage: str) -> ImageExample | None:
         """With decode_on=device: the sample's label and JPEG bytes, left for the device; None for an image the
@@ -109,9 +136,10 @@ class ImageTask(Task):
             raise DecodeError.of(sample, error) from None
         return example
 
-    def train_crop(self, example: ImageExample) -> ImageExample:
-        """A decoded training example with its image cropped, resized and flipped (`crop_flip`)."""
-        cropped = self.crop_flip.crop(hwc(example.pixels))
+    def train_crop(self, example: ImageExample, draws: list[float] | None = None) -> ImageExample:
+        """A decoded training example with its image cropped, resized and flipped (`crop_flip`, by `draws` if
+        given)."""
+        cropped = self.crop_flip.crop(hwc(example.pixels), draws=draws)
         return example._replace(pixels=torch.from_numpy(cropped).permute(2, 0, 1))
 
     def collate(self, examples: list[ImageExample], stage: str) -> ImageBatch:
