@@ -8,7 +8,8 @@ them, written once and kept under data/peers/ (git-ignored).
   shuffle buffer, since each shard then holds one class.
 
 Beside each set's tar shards (read by the project and webdataset): `litdata/` (written by litdata's
-`optimize`), `mosaic/` (mosaicml-streaming's `MDSWriter`) and `imagefolder/` (one file per image).
+`optimize`), `mosaic/` (mosaicml-streaming's `MDSWriter`), `imagefolder/` (one file per image) and `dali/`
+(DALI's index file of each tar shard, by its `wds2idx`: DALI reads the shards themselves).
 """
 
 from __future__ import annotations
@@ -134,7 +135,14 @@ def write_imagefolder(data: ImageSet, folder: Path) -> None:
         path.write_bytes(sample["jpg"])
 
 
-WRITERS = {"litdata": write_litdata, "mosaic": write_mosaic, "imagefolder": write_imagefolder}
+def write_dali(data: ImageSet, folder: Path) -> None:
+    """DALI's index of each tar shard, as its wds2idx tool writes it (benchmarks/peer_dali.py)."""
+    import peer_dali  # imports DALI: only where its row runs
+
+    peer_dali.write_indexes(data.shards, folder)
+
+
+WRITERS = {"litdata": write_litdata, "mosaic": write_mosaic, "imagefolder": write_imagefolder, "dali": write_dali}
 
 
 def ensure_format(data: ImageSet, loader: str) -> None:
@@ -147,7 +155,11 @@ def ensure_format(data: ImageSet, loader: str) -> None:
     if loader in PEER_PACKAGES:
         import importlib.util
 
-        if importlib.util.find_spec(PEER_PACKAGES[loader]) is None:
+        try:
+            found = importlib.util.find_spec(PEER_PACKAGES[loader])
+        except ModuleNotFoundError:  # a dotted name (nvidia.dali) whose parent is missing
+            found = None
+        if found is None:
             return  # its row says "not installed"
     shutil.rmtree(folder, ignore_errors=True)
     print(f"writing {data.name} for {loader} to {folder} (once)", flush=True)

@@ -4,8 +4,9 @@ of them measured: samples/s, CPU time of all its processes, peak RSS, and the or
 Every peer decodes with torchvision's `decode_image` (its libjpeg-turbo JPEG operator, the best public decode
 path) and augments with the project's `light` preset (`build_transform("light", size, train=True)`:
 RandomResizedCrop with scale 0.7 to 1, then a horizontal flip, torchvision v2), one sample at a time, in its
-DataLoader workers: the bench's naive path, `project.bench.images.NaiveSample`. The project's
-loader runs as `project.train` configures it with data.augment=light: the same crop and flip rule, through
+DataLoader workers: the bench's naive path, `project.bench.images.NaiveSample`. With `crop_scale` (0.08:
+ImageNet's usual crops), every loader crops from that share of the area to 1 instead (`crop_transform`). The
+project's loader runs as `project.train` configures it with data.augment=light: the same crop and flip rule, through
 its own decode and batched crop path (project/tasks/image/decode.py and crops.py).
 
 A peer that is not installed raises `PeerMissing`, which the harness reports in its row.
@@ -15,26 +16,35 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 import torchvision
+from peer_processes import Processes
+from torchvision.transforms import v2
 
 from project.bench.images import NaiveSample, webdataset_pipeline
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 
-LOADERS = ("project", "project-threads", "webdataset", "litdata", "mosaic", "imagefolder", "spdl")
-PEER_PACKAGES = {"webdataset": "webdataset", "litdata": "litdata", "mosaic": "streaming", "spdl": "spdl"}
+LOADERS = ("project", "project-threads", "webdataset", "litdata", "mosaic", "imagefolder", "spdl", "dali")
+PEER_PACKAGES = {
+    "webdataset": "webdataset",
+    "litdata": "litdata",
+    "mosaic": "streaming",
+    "spdl": "spdl",
+    "dali": "nvidia.dali",
+}
 SHARD_READERS = (
     "project",
     "project-threads",
     "webdataset",
     "spdl",
-)  # read the tar shards themselves; the others, their own format
+    "dali",
+)  # read the tar shards themselves; the others, their own format (dali: with its index files beside)
+LIGHT_SCALE = 0.7  # the `light` preset's smallest crop area, the default crop_scale
 
 
 class PeerMissing(RuntimeError):
@@ -53,10 +63,21 @@ def peer_module(loader: str) -> object:
         raise PeerMissing(f"{loader}: not installed ({error})") from None
 
 
-def Augment(size: int) -> Callable[[bytes | torch.Tensor], torch.Tensor]:  # noqa: N802 - used as a class
-    """Decode and augment one image, the bench's naive path with the `light` preset (picklable: it travels to
-    the workers)."""
-    return NaiveSample("light", size).image
+def crop_transform(size: int, crop_scale: float = LIGHT_SCALE) -> v2.Compose:
+    """The `light` preset's crop and flip with crops of `crop_scale` to 1 of the area (a v2 pipeline, which
+    the project's data.augment takes as it is)."""
+    return v2.Compose([v2.RandomResizedCrop(size, scale=(crop_scale, 1.0), antialias=True), v2.RandomHorizontalFlip()])
+
+
+def Augment(  # noqa: N802 - used as a class
+    size: int, crop_scale: float = LIGHT_SCALE
+) -> Callable[[bytes | torch.Tensor], torch.Tensor]:
+    """Decode and augment one image, the bench's naive path with the `light` preset, or its crop and flip from
+    `crop_scale` of the area (picklable: it travels to the workers)."""
+    sample = NaiveSample("light", size)
+    if crop_scale != LIGHT_SCALE:
+        sample.transform = crop_transform(size, crop_scale)
+    return sample.image
 
 
 # -- each loader, as its own documentation builds it ---------------------------------------------------
@@ -72,6 +93,7 @@ def project_loader(
     seed: int,
     mix_shards: int = 32,
     threads: bool = False,
+    crop_scale: float = LIGHT_SCALE,
 ):
     """This project's training loader: ImageShards with data.augment=light, as `project.train` builds it;
     `threads`: no worker process, `workers` decode threads in this one (data.num_workers 0, data.decode_threads)."""
@@ -88,7 +110,7 @@ def project_loader(
         decode_threads=max(1, workers) if threads else 1,
         batch_size=batch_size,
         image_size=size,
-        augment="light",
+        augment="light" if crop_scale == LIGHT_SCALE else crop_transform(size, crop_scale),
         shuffle_buffer=shuffle_buffer,
         mix_shards=mix_shards,
         seed=seed,
@@ -100,35 +122,39 @@ def project_loader(
 class WdsSample:
     """webdataset's map step: a sample dict to (image, label, key)."""
 
-    def __init__(self, size: int) -> None:
-        self.augment = Augment(size)
+    def __init__(self, size: int, crop_scale: float = LIGHT_SCALE) -> None:
+        self.augment = Augment(size, crop_scale)
 
     def __call__(self, sample: dict) -> tuple:
         return self.augment(sample["jpg"]), int(sample["cls"]), sample["__key__"]
 
 
-def webdataset_loader(shards: Path, *, size: int, workers: int, batch_size: int, **_: object):
+def webdataset_loader(
+    shards: Path, *, size: int, workers: int, batch_size: int, crop_scale: float = LIGHT_SCALE, **_: object
+):
     """webdataset's README: WebDataset(urls, shardshuffle=100).shuffle(1000), decode and map, .batched(B) in
     the workers, and WebLoader(dataset, batch_size=None, num_workers=N)."""
     peer_module("webdataset")
     urls = [shard.url for shard in resolve_shards(str(shards)).shards]
-    return webdataset_pipeline(urls, WdsSample(size), batch_size, workers), lambda batch: batch[2]
+    return webdataset_pipeline(urls, WdsSample(size, crop_scale), batch_size, workers), lambda batch: batch[2]
 
 
 class LitSample:
     """litdata's `transform=`: an optimized item {key, jpg, cls} to (image, label, key)."""
 
-    def __init__(self, size: int) -> None:
-        self.augment = Augment(size)
+    def __init__(self, size: int, crop_scale: float = LIGHT_SCALE) -> None:
+        self.augment = Augment(size, crop_scale)
 
     def __call__(self, item: dict) -> tuple:
         return self.augment(item["jpg"]), item["cls"], item["key"]
 
 
-def litdata_loader(cache: Path, *, size: int, workers: int, batch_size: int, **_: object):
+def litdata_loader(
+    cache: Path, *, size: int, workers: int, batch_size: int, crop_scale: float = LIGHT_SCALE, **_: object
+):
     """litdata's README: StreamingDataset(optimized folder, shuffle=True) and StreamingDataLoader."""
     litdata = peer_module("litdata")
-    dataset = litdata.StreamingDataset(str(cache / "litdata"), shuffle=True, transform=LitSample(size))
+    dataset = litdata.StreamingDataset(str(cache / "litdata"), shuffle=True, transform=LitSample(size, crop_scale))
     loader = litdata.StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers)
     return loader, lambda batch: batch[2]
 
@@ -139,9 +165,9 @@ def mosaic_dataset_class() -> type:
     class MosaicImages(streaming.StreamingDataset):
         """mosaicml-streaming's documented pattern: subclass StreamingDataset and transform in __getitem__."""
 
-        def __init__(self, size: int, **kwargs: object) -> None:
+        def __init__(self, size: int, crop_scale: float = LIGHT_SCALE, **kwargs: object) -> None:
             super().__init__(**kwargs)
-            self.augment = Augment(size)
+            self.augment = Augment(size, crop_scale)
 
         def __getitem__(self, index: int) -> tuple:
             item = super().__getitem__(index)
@@ -150,12 +176,14 @@ def mosaic_dataset_class() -> type:
     return MosaicImages
 
 
-def mosaic_loader(cache: Path, *, size: int, workers: int, batch_size: int, **_: object):
+def mosaic_loader(
+    cache: Path, *, size: int, workers: int, batch_size: int, crop_scale: float = LIGHT_SCALE, **_: object
+):
     """mosaicml-streaming: StreamingDataset(local=MDS folder, shuffle=True, batch_size=B), its default shuffle
     algorithm (py1e), in a torch DataLoader."""
     from torch.utils.data import DataLoader
 
-    dataset = mosaic_dataset_class()(size, local=str(cache / "mosaic"), shuffle=True, batch_size=batch_size)
+    dataset = mosaic_dataset_class()(size, crop_scale, local=str(cache / "mosaic"), shuffle=True, batch_size=batch_size)
     return DataLoader(dataset, batch_size=batch_size, num_workers=workers), lambda batch: batch[2]
 
 
@@ -173,24 +201,36 @@ class KeyedImageFolder(torchvision.datasets.ImageFolder):
         return image, label, path.relative_to(Path(self.root) / self.classes[label]).as_posix().removesuffix(".jpg")
 
 
-def imagefolder_loader(cache: Path, *, size: int, workers: int, batch_size: int, **_: object):
+def imagefolder_loader(
+    cache: Path, *, size: int, workers: int, batch_size: int, crop_scale: float = LIGHT_SCALE, **_: object
+):
     """torchvision's ImageFolder (files read with read_file, decoded with decode_jpeg) and a shuffled DataLoader."""
     from torch.utils.data import DataLoader
 
-    dataset = KeyedImageFolder(str(cache / "imagefolder"), loader=read_jpeg, transform=Augment(size))
+    dataset = KeyedImageFolder(str(cache / "imagefolder"), loader=read_jpeg, transform=Augment(size, crop_scale))
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers), lambda batch: batch[2]
 
 
-def spdl_loader(shards: Path, *, size: int, workers: int, batch_size: int, shuffle_buffer: int, seed: int):
-    """SPDL's pipeline of `workers` threads in this process (benchmarks/peer_spdl.py), on the tar shards."""
+def spdl_loader(shards: Path, *, size: int, workers: int, batch_size: int, **options: object):
+    """SPDL's pipeline of `workers` threads in this process (benchmarks/peer_spdl.py), on the tar shards;
+    `options`: shuffle_buffer, seed, crop_scale."""
     peer_module("spdl")
     import peer_spdl  # only in the spdl row's process: the other rows' memory stays free of it
 
     try:
-        batches = peer_spdl.spdl_batches(shards, size, workers, batch_size, shuffle_buffer=shuffle_buffer, seed=seed)
+        batches = peer_spdl.spdl_batches(shards, size, workers, batch_size, **options)
     except peer_spdl.SpdlMissing as missing:
         raise PeerMissing(f"spdl: {missing}", note=str(missing)) from None
     return batches, lambda batch: batch[2]
+
+
+def dali_loader(shards: Path, *, size: int, workers: int, batch_size: int, cache: Path, **options: object):
+    """DALI's CPU pipeline of `workers` threads in this process (benchmarks/peer_dali.py), on the tar shards
+    with its index files in cache/dali; `options`: shuffle_buffer, seed, crop_scale."""
+    peer_module("dali")
+    import peer_dali  # only in the dali row's process
+
+    return peer_dali.dali_batches(shards, cache, size, workers, batch_size, **options), lambda batch: batch[2]
 
 
 BUILDERS: dict[str, Callable] = {
@@ -201,62 +241,11 @@ BUILDERS: dict[str, Callable] = {
     "mosaic": mosaic_loader,
     "imagefolder": imagefolder_loader,
     "spdl": spdl_loader,
+    "dali": dali_loader,
 }
 
 
 # -- one epoch, measured ---------------------------------------------------------------------------------
-
-
-class Processes:
-    """CPU seconds and summed RSS of this process and its descendants (DataLoader workers, a forkserver),
-    read from /proc/<pid>/stat each time a batch arrives: a worker's CPU time is complete when its last
-    batch arrives. The RSS sum counts pages shared between processes once per process: an upper bound. The
-    PSS sum (each shared page split between its processes, from /proc/<pid>/smaps_rollup, every 0.5 s) is
-    what they hold together."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self.me = psutil.Process()
-        self.ticks, self.page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-        self.pids = [self.me.pid] + [child.pid for child in self.me.children(recursive=True)]
-        self.start = {pid: self._stat(pid)[0] for pid in self.pids}  # CPU already spent before the epoch
-        self.last: dict[int, float] = dict(self.start)
-        self.peak_rss, self.peak_pss, self.listed = 0, 0, 0.0
-
-    def _stat(self, pid: int) -> tuple[float, int]:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / self.ticks, int(fields[21]) * self.page
-
-    def sample(self) -> None:
-        if time.perf_counter() - self.listed > 0.5:  # new workers; listing every process costs milliseconds
-            self.pids = [self.me.pid] + [child.pid for child in self.me.children(recursive=True)]
-            self.listed = time.perf_counter()
-            self.peak_pss = max(self.peak_pss, sum(map(proportional_set_size, self.pids)))
-        rss = 0
-        for pid in self.pids:
-            try:
-                self.last[pid], resident = self._stat(pid)
-            except (OSError, IndexError):
-                continue  # exited
-            rss += resident
-        self.peak_rss = max(self.peak_rss, rss)
-
-    def cpu_seconds(self) -> float:
-        return sum(cpu - self.start.get(pid, 0.0) for pid, cpu in self.last.items())
-
-
-def proportional_set_size(pid: int) -> int:
-    """A process's PSS in bytes (0 once it has exited, or where the kernel has no smaps_rollup)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
-            for line in rollup:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 def run_epoch(
@@ -270,12 +259,14 @@ def run_epoch(
     shuffle_buffer: int = 1000,
     seed: int = 0,
     mix_shards: int | None = None,
+    crop_scale: float = LIGHT_SCALE,
 ) -> dict:
     """One full shuffled epoch of `loader`: samples/s from iter() to the last batch, CPU microseconds per
     sample of all its processes, their peak summed RSS in MB, and the keys in the order they came.
-    `mix_shards`: the project's data.mix_shards (None: its default)."""
+    `mix_shards`: the project's data.mix_shards (None: its default); `crop_scale`: see the module."""
     where = shards if loader in SHARD_READERS else cache
     options = {"mix_shards": mix_shards} if mix_shards is not None else {}
+    options.update(crop_scale=crop_scale, **({"cache": cache} if loader == "dali" else {}))
     batches, keys_of = BUILDERS[loader](
         where, size=size, workers=workers, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed, **options
     )

@@ -97,8 +97,10 @@ class DecodeBatch:
     """A batch of (key, JPEG bytes, label) to (uint8 [B, 3, S, S], int64 labels [B], keys): each image decoded
     by FFmpeg with its crop, scale and flip as a filter, the batch made by spdl.io.convert_frames."""
 
-    def __init__(self, size: int, seed: int) -> None:
+    def __init__(self, size: int, seed: int, crop_scale: float | None = None) -> None:
         crop, _ = CropFlip.split(build_transform("light", size, train=True))
+        if crop_scale is not None:  # benchmarks/peers.py --crop_scale: the same rule from that share of the area
+            crop = CropFlip(size, (crop_scale, 1.0), crop.ratio, crop.flip)
         self.crop, self.size, self.seed = crop, size, seed
 
     def filters(self, packets: list, generator: np.random.Generator) -> list[str]:
@@ -127,9 +129,17 @@ class DecodeBatch:
 
 
 def spdl_batches(
-    shards: Path, size: int, workers: int, batch_size: int, *, shuffle_buffer: int = 1000, seed: int = 0
+    shards: Path,
+    size: int,
+    workers: int,
+    batch_size: int,
+    *,
+    shuffle_buffer: int = 1000,
+    seed: int = 0,
+    crop_scale: float | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-    """One shuffled epoch of `shards` through an SPDL pipeline of `workers` threads (see the module)."""
+    """One shuffled epoch of `shards` through an SPDL pipeline of `workers` threads (see the module); crops
+    from `crop_scale` of the area to 1 where given (else the `light` preset's)."""
     require_ffmpeg()
     urls = [shard.url for shard in resolve_shards(str(shards)).shards]
     random.Random(seed).shuffle(urls)
@@ -142,7 +152,7 @@ def spdl_batches(
         .aggregate(ShuffleBuffer(shuffle_buffer, seed))
         .disaggregate()
         .aggregate(batch_size)
-        .pipe(DecodeBatch(size, seed), concurrency=threads)
+        .pipe(DecodeBatch(size, seed, crop_scale), concurrency=threads)
         .add_sink(threads * 2)
         .build(num_threads=threads)
     )

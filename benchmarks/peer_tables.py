@@ -4,6 +4,13 @@ from __future__ import annotations
 
 COLUMNS = ("loader", "samples/s", "CPU µs/sample", "peak RSS MB", "peak PSS MB", "ratio to project", "÷ naive limit")
 NAIVE = "naive work limit"
+DALI_STAGES = {  # benchmarks/peer_dali.py's STAGES: its pipeline cut after each
+    "read": "reader only: read the tar, shuffle buffer, batch",
+    "decode": "+ decode the crop's region (image_random_crop)",
+    "full-decode": "(beside it: + decode the whole image, decoders.image)",
+    "resize": "+ resize to the trained size",
+    "flip": "+ flip: the whole pipeline, without the hand-over to torch",
+}
 
 
 def table(result: dict) -> str:
@@ -27,8 +34,8 @@ def table(result: dict) -> str:
         )
     lines.append(
         f"\n{result['set']}: {result['samples']:,} images stored at {result['stored']} px, trained at "
-        f"{result['trained']} px; {result['workers']} workers, batch {result['batch_size']}, "
-        f"medians of {result['repeats']} epochs."
+        f"{result['trained']} px, crops of {result.get('crop_scale', 0.7):.0%} to 100% of the area; "
+        f"{result['workers']} workers, batch {result['batch_size']}, medians of {result['repeats']} epochs."
     )
     return "\n".join(lines)
 
@@ -44,6 +51,18 @@ def stage_table(result: dict) -> str:
     lines += [
         f"| the rest: processes, the stream, the main process, waits | {rest:,.0f} |",
         f"| **the project's epoch, all processes** | **{project['cpu_us']:,.0f}** |",
+        f"| {NAIVE}: decode + v2 crop and flip, one process | {result['naive']['us_per_sample']:,.0f} |",
+    ]
+    return "\n".join(lines)
+
+
+def dali_stage_table(result: dict) -> str:
+    """DALI's CPU µs per sample (all its threads) with its pipeline cut after each stage, beside its epoch's."""
+    stages, dali = result["dali_stages"], result["loaders"]["dali"]
+    lines = ["| DALI's pipeline, cut after | CPU µs per sample |", "|---|---|"]
+    lines += [f"| {DALI_STAGES[stage]} | {value:,.0f} |" for stage, value in stages.items()]
+    lines += [
+        f"| **DALI's epoch (peers.py's row: with the hand-over, labels and keys)** | **{dali['cpu_us']:,.0f}** |",
         f"| {NAIVE}: decode + v2 crop and flip, one process | {result['naive']['us_per_sample']:,.0f} |",
     ]
     return "\n".join(lines)

@@ -1,17 +1,20 @@
 """This project's train loader against its peers, side by side, on the same images and augmentation.
 
     python benchmarks/peers.py [--workers 2] [--batch_size 128] [--repeats 3] [--sizes 32:32,256:224]
-                               [--loaders project,webdataset,litdata,mosaic,imagefolder,spdl] [--json PATH]
+                               [--loaders project,webdataset,litdata,mosaic,imagefolder,spdl,dali] [--json PATH]
     python benchmarks/peers.py --photos DIR [...]   # the real photographs benchmarks/photos.py wrote to DIR
+    python benchmarks/peers.py --photos DIR --crop_scale 0.08   # ImageNet's usual crops instead of light's
 
 For each size (stored px : trained px) it runs one full shuffled epoch of each loader, each in a fresh
 process, with N workers and batch B: the project's (ImageShards, data.augment=light), webdataset's
 WebDataset + WebLoader, litdata's StreamingDataset + StreamingDataLoader, mosaicml-streaming's
-StreamingDataset, torchvision's ImageFolder, and SPDL's pipeline of N threads (benchmarks/peer_spdl.py). The
-peers decode with torchvision's decode_jpeg and apply the `light` preset per sample (SPDL: FFmpeg, the
-same crop and flip rule as filters); the project runs its own path to the same crop and flip (see
-benchmarks/peer_loaders.py). 32:32 reads the demo's 20,000 training images; 256:224 a set of 4,096 demo
-images drawn at 256 px; --photos DIR, instead of those, the photographs of DIR (500 x 375) trained at 224.
+StreamingDataset, torchvision's ImageFolder, SPDL's pipeline of N threads (benchmarks/peer_spdl.py) and
+NVIDIA DALI's CPU pipeline of N threads (benchmarks/peer_dali.py). The peers decode with torchvision's
+decode_jpeg and apply the `light` preset per sample (SPDL: FFmpeg, the same crop and flip rule as filters;
+DALI: its region-of-interest decoder, resize and flip); the project runs its own path to the same crop and
+flip (see benchmarks/peer_loaders.py); --crop_scale S: every loader crops from S to 1 of the area instead
+of light's 0.7. 32:32 reads the demo's 20,000 training images; 256:224 a set of 4,096 demo images drawn at
+256 px; --photos DIR, instead of those, the photographs of DIR (500 x 375) trained at 224.
 Each peer's format is written once under data/peers/ (under DIR for --photos).
 
 Per loader: samples/s (iter() to the last batch), CPU microseconds per sample (the main process and its
@@ -37,8 +40,8 @@ from types import SimpleNamespace
 
 import torch
 from peer_data import ImageSet, demo_set, ensure_format, photo_set, photos_in
-from peer_loaders import LOADERS, Augment, PeerMissing, run_epoch, stored_samples
-from peer_tables import stage_table, table
+from peer_loaders import LIGHT_SCALE, LOADERS, Augment, PeerMissing, crop_transform, run_epoch, stored_samples
+from peer_tables import dali_stage_table, stage_table, table
 
 from project.commands import run_command
 from project.errors import UserError, run_main
@@ -46,11 +49,14 @@ from project.errors import UserError, run_main
 PHOTOS_TRAINED = 224  # px, what --photos trains at
 
 
-def naive_limit(data: ImageSet, size: int, processes: int, samples: int = 2000) -> dict:
-    """decode_jpeg + the light augmentation of each sample (held in memory), in this process with one torch
-    thread as a DataLoader worker has: microseconds a sample, and that work's rate on `processes` processes."""
+def naive_limit(
+    data: ImageSet, size: int, processes: int, samples: int = 2000, crop_scale: float = LIGHT_SCALE
+) -> dict:
+    """decode_jpeg + the light augmentation of each sample (held in memory; crops from `crop_scale` of the
+    area), in this process with one torch thread as a DataLoader worker has: microseconds a sample, and that
+    work's rate on `processes` processes."""
     items = [(s["jpg"], s["cls"]) for s in itertools.islice(stored_samples(data.shards), samples)]
-    augment, threads = Augment(size), torch.get_num_threads()
+    augment, threads = Augment(size, crop_scale), torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         start = time.perf_counter()
@@ -84,6 +90,7 @@ def run_one(
         "workers": args.workers,
         "batch_size": args.batch_size,
         "shuffle_buffer": shuffle_buffer,
+        "crop_scale": getattr(args, "crop_scale", LIGHT_SCALE),
     }
     if not isolated:
         return epoch_of(spec)
@@ -115,7 +122,7 @@ def measure(data: ImageSet, size: int, args: SimpleNamespace, isolated: bool = T
     notes: dict[str, str] = {}
     naive, orders = [], {}
     for _ in range(args.repeats):
-        naive.append(naive_limit(data, size, args.workers))
+        naive.append(naive_limit(data, size, args.workers, crop_scale=getattr(args, "crop_scale", LIGHT_SCALE)))
         for loader in args.loaders:
             if loader in notes:
                 continue
@@ -157,6 +164,7 @@ def measure(data: ImageSet, size: int, args: SimpleNamespace, isolated: bool = T
         "workers": args.workers,
         "batch_size": args.batch_size,
         "repeats": args.repeats,
+        "crop_scale": getattr(args, "crop_scale", LIGHT_SCALE),
         "naive": {**limit, "runs": naive},
         "loaders": rows,
         "orders": orders,
@@ -175,8 +183,19 @@ def project_stages(data: ImageSet, size: int, args: SimpleNamespace) -> dict[str
     with the settings its epochs above ran with."""
     from project.bench.stages import stage_costs
 
-    settings = {"batch_size": args.batch_size, "image_size": size, "augment": "light", "shuffle_buffer": 1000}
+    scale = getattr(args, "crop_scale", LIGHT_SCALE)
+    augment = "light" if scale == LIGHT_SCALE else crop_transform(size, scale)
+    settings = {"batch_size": args.batch_size, "image_size": size, "augment": augment, "shuffle_buffer": 1000}
     return stage_costs(data.shards, {**settings, "seed": 0})
+
+
+def dali_stages(data: ImageSet, size: int, args: SimpleNamespace) -> dict[str, float]:
+    """CPU µs per sample of DALI's pipeline cut after each stage (benchmarks/peer_dali.py), with its epochs'
+    settings."""
+    import peer_dali
+
+    crops = {"crop_scale": args.crop_scale, "shuffle_buffer": 1000}
+    return peer_dali.stage_costs(data.shards, data.cache, size, args.workers, args.batch_size, **crops)
 
 
 def machine() -> dict:
@@ -191,6 +210,7 @@ def options(
     sizes: str = "32:32,256:224",
     photo_samples: int = 4096,
     photos: Path | None = None,
+    crop_scale: float = LIGHT_SCALE,
     loaders: str = ",".join(LOADERS),
     json: str | None = None,
     one: str | None = None,
@@ -205,7 +225,9 @@ def options(
         sizes: stored:trained px pairs, comma-separated; 32 is the demo.
         photo_samples: images of the 256 px set.
         photos: real photographs (benchmarks/photos.py wrote them to DIR), instead of --sizes.
-        loaders: a comma-separated subset of project, project-threads, webdataset, litdata, mosaic, imagefolder, spdl.
+        crop_scale: every loader's smallest crop, a share of the image's area (0.7: light's; 0.08: ImageNet's).
+        loaders: a comma-separated subset of project, project-threads, webdataset, litdata, mosaic, imagefolder,
+            spdl, dali.
         json: write every run, median and ratio to this file.
         one: a single epoch's spec (JSON, as `run_one` writes it), run in this process; its result goes to --out.
         out: the file --one writes its result to.
@@ -215,6 +237,8 @@ def options(
         raise UserError(f"unknown loaders {sorted(unknown)}: choose from {', '.join(LOADERS)}")
     if one is not None and out is None:
         raise UserError("--one needs --out FILE")
+    if not 0 < crop_scale <= 1:
+        raise UserError(f"--crop_scale must be in (0, 1], not {crop_scale}")
     pairs = [tuple(int(px) for px in pair.split(":")) for pair in sizes.split(",")]
     return SimpleNamespace(
         workers=workers,
@@ -223,6 +247,7 @@ def options(
         sizes=pairs,
         photo_samples=photo_samples,
         photos=photos,
+        crop_scale=crop_scale,
         loaders=names,
         json=json,
         one=one,
@@ -254,6 +279,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if "cpu_us" in result["loaders"].get("project", {}):
             result["stages"] = project_stages(data, trained, args)
             print(stage_table(result) + "\n", flush=True)
+        if "cpu_us" in result["loaders"].get("dali", {}):
+            result["dali_stages"] = dali_stages(data, trained, args)
+            print(dali_stage_table(result) + "\n", flush=True)
     report = {"machine": {**before, "load_after": machine()["load_1_5_15"]}, "sizes": results}
     print(
         f"{report['machine']['cores']} cores; load average (1, 5, 15 min) {before['load_1_5_15']} before, "

@@ -61,7 +61,7 @@ def one_run(args: list[str]) -> None:
     module starts the workers' forkserver when its configuration asks for workers, as in project.train)."""
     import lightning as L
     import torch
-    from peer_loaders import Processes
+    from peer_processes import Processes
 
     from project.cli import ProjectCLI
 

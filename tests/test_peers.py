@@ -1,7 +1,7 @@
 """The peers benchmark (benchmarks/peers.py): every loader yields every sample exactly once per epoch, the
 table has its columns, a peer that is not installed is a row, not a crash; SPDL's batches (benchmarks/
-peer_spdl.py); the photographs of benchmarks/photos.py; and the shuffle measures of
-benchmarks/shuffle_quality.py on orders whose answer is known."""
+peer_spdl.py) and DALI's (benchmarks/peer_dali.py, where installed); --crop_scale; the photographs of
+benchmarks/photos.py; and the shuffle measures of benchmarks/shuffle_quality.py on orders whose answer is known."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ peer_tables = importlib.import_module("peer_tables")
 shuffle_quality = importlib.import_module("shuffle_quality")
 photos = importlib.import_module("photos")
 
-LOADERS = ("project", "project-threads", "webdataset", "litdata", "mosaic", "imagefolder", "spdl")
-MODULES = {"litdata": "litdata", "mosaic": "streaming", "spdl": "spdl"}
+LOADERS = ("project", "project-threads", "webdataset", "litdata", "mosaic", "imagefolder", "spdl", "dali")
+MODULES = {"litdata": "litdata", "mosaic": "streaming", "spdl": "spdl", "dali": "nvidia.dali"}
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +113,51 @@ def test_spdl_without_ffmpegs_libraries_is_one_line_in_its_row(tiny, monkeypatch
     note = result["loaders"]["spdl"]["note"]
     assert note.startswith("not installed: FFmpeg's libraries are missing (apt-get install libavutil57")
     assert "\n" not in note and f"| spdl | {note} |" in peers.table(result)
+
+
+def test_dali_batches_are_uint8_images_with_their_labels_and_cover_every_sample_once(tiny):
+    pytest.importorskip("nvidia.dali")
+    peer_dali = importlib.import_module("peer_dali")
+    data, _, _ = tiny
+    keys, labels = data.labels()
+    assert sorted(path.name for path in (data.cache / "dali").glob("*.idx")) == [
+        f"train-00000{i}.idx" for i in range(4)
+    ]
+    seen, sizes = [], []
+    for images, batch_labels, batch_keys in peer_dali.dali_batches(
+        data.shards, data.cache, 24, 2, 48, shuffle_buffer=100, seed=1, crop_scale=0.08
+    ):
+        assert images.dtype == torch.uint8 and images.shape == (len(batch_keys), 3, 24, 24)
+        assert batch_labels.dtype == torch.int64 and batch_labels.tolist() == [labels[key] for key in batch_keys]
+        seen.extend(batch_keys)
+        sizes.append(len(batch_keys))
+    assert sizes == [48] * 5 + [16]  # 256 samples: the last batch's padding is dropped
+    assert sorted(seen) == sorted(keys) and len(set(seen)) == 256
+    assert seen != keys  # shuffled
+
+
+def test_dalis_stages_each_cost_cpu_and_make_a_table(tiny):
+    pytest.importorskip("nvidia.dali")
+    peer_dali = importlib.import_module("peer_dali")
+    data, _, result = tiny
+    stages = peer_dali.stage_costs(data.shards, data.cache, 24, 1, 32, shuffle_buffer=100)
+    assert list(stages) == list(peer_dali.STAGES) and all(value > 0 for value in stages.values())
+    text = peer_tables.dali_stage_table({**result, "dali_stages": stages})
+    assert "| reader only: read the tar, shuffle buffer, batch | " in text
+    assert f"**{result['loaders']['dali']['cpu_us']:,.0f}** |" in text
+
+
+@pytest.mark.filterwarnings("ignore:Attribute 'augment' is an instance of `nn.Module`")
+def test_the_crop_scale_reaches_every_loader_and_the_naive_work(tiny):
+    data, args, _ = tiny
+    with pytest.raises(peers.UserError, match="--crop_scale must be in"):
+        peers.options(crop_scale=0)
+    assert peer_loaders.crop_transform(24, 0.08).transforms[0].scale == (0.08, 1.0)
+    args = argparse.Namespace(**{**vars(args), "loaders": ["project", "webdataset"], "crop_scale": 0.08})
+    result = peers.measure(data, 24, args, isolated=False)
+    assert result["crop_scale"] == 0.08 and "crops of 8% to 100% of the area" in peers.table(result)
+    for loader in ("project", "webdataset"):
+        assert result["loaders"][loader]["samples"] == 256
 
 
 def test_photographs_are_cut_into_seeded_500_by_375_jpegs_that_prepare_shards(tmp_path):
