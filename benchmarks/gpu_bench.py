@@ -6,7 +6,9 @@ training on synthetic batches already on the GPU (the upper bound). Run it throu
 It writes demo shards of 256 px JPEGs into a temporary folder (a few thousand, listed several times so an
 epoch is long enough), then trains torchvision's resnet50 (weights=None) in bf16 autocast with
 channels_last, with a plain PyTorch loop, three ways: fed by the project's ImageShards (decode in the
-workers, and data.decode_on=device), and on synthetic uint8 batches made on the GPU. Each is timed over
+workers, and data.decode_on=device), by NVIDIA DALI's pipeline with its `mixed` (nvJPEG) decoder where DALI
+is installed (benchmarks/peer_dali.py's `gpu_batches`; UNTESTED: written without a GPU at hand), and on
+synthetic uint8 batches made on the GPU. Each is timed over
 --steps steps after --warmup steps. The --device, --model, --precision and size flags let a CPU check
 the script itself in seconds (tests/test_bench.py; CPUs without bf16 units emulate it very slowly); the
 figures mean something only on a GPU.
@@ -14,6 +16,7 @@ figures mean something only on a GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -148,12 +151,19 @@ def measure(args: SimpleNamespace) -> dict:
             model = build_model(args.model, device)
             rate, wait = train_rate(pipeline_batches(data, device), model, device, **schedule)
             results[f"decode_{decode_on}"] = {"images_per_s": rate, "data_wait": wait}
+        if device.type == "cuda" and importlib.util.find_spec("nvidia.dali") is not None:  # UNTESTED here (no GPU)
+            import peer_dali
+
+            dali = peer_dali.gpu_batches(index, Path(scratch), args.image_size, args.workers, args.batch_size)
+            rate, wait = train_rate(dali, build_model(args.model, device), device, **schedule)
+            results["dali_mixed"] = {"images_per_s": rate, "data_wait": wait}
     batches = synthetic_batches(args.batch_size, args.image_size, device)
     synthetic, _ = train_rate(batches, build_model(args.model, device), device, **schedule)
     results["synthetic"] = {"images_per_s": synthetic}
     results["ratios"] = {
-        f"decode_{where}_vs_synthetic": results[f"decode_{where}"]["images_per_s"] / synthetic
-        for where in ("cpu", "device")
+        f"{run}_vs_synthetic": results[run]["images_per_s"] / synthetic
+        for run in ("decode_cpu", "decode_device", "dali_mixed")
+        if run in results
     }
     results["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     return results
@@ -164,10 +174,14 @@ def report(results: dict) -> str:
         f"{results['model']}, {results['precision']}, channels_last, batch {results['batch_size']}, "
         f"{results['image_size']} px, {results['workers']} workers, on {results['device_name']}:"
     ]
-    for where in ("cpu", "device"):
-        run, ratio = results[f"decode_{where}"], results["ratios"][f"decode_{where}_vs_synthetic"]
+    shown = {"decode_cpu": "from shards, decoded on the cpu   ", "decode_device": "from shards, decoded on the device"}
+    shown["dali_mixed"] = "DALI, its mixed (nvJPEG) decoder   "
+    for name, text in shown.items():
+        if name not in results:
+            continue  # DALI: not installed, or not on a GPU
+        run, ratio = results[name], results["ratios"][f"{name}_vs_synthetic"]
         lines.append(
-            f"  from shards, decoded on the {where:6s} {run['images_per_s']:8.0f} images/s = {ratio:.2f}x synthetic "
+            f"  {text} {run['images_per_s']:8.0f} images/s = {ratio:.2f}x synthetic "
             f"(waiting for data {run['data_wait']:.0%} of the time)"
         )
     lines.append(
