@@ -360,7 +360,7 @@ def test_a_collection_of_near_identical_images_stays_linear(monkeypatch):
     """Hashes within 2 bits of one another (frames of one video): every block value is one huge run, which
     compared in full would make the search quadratic. Capped, the pairs it checks grow linearly (4x the
     hashes, under 6x the pairs; all pairs would be 16x), and the hashes still form one group."""
-    from project.shards import matching
+    from project.shards import phash_search
 
     checked = []
 
@@ -368,7 +368,7 @@ def test_a_collection_of_near_identical_images_stays_linear(monkeypatch):
         checked[-1] += len(values)
         return popcount(values)
 
-    monkeypatch.setattr(matching, "popcount", counting)
+    monkeypatch.setattr(phash_search, "popcount", counting)
     for n in (5_000, 20_000):
         rng = np.random.default_rng(n)
         flips = [np.uint64(1) << rng.integers(0, 64, n).astype(np.uint64) for _ in range(2)]

@@ -1,24 +1,20 @@
 """Which samples match: groups of exact and near copies from their hashes (project/shards/dedup.py).
 
-Never all pairs: near images through a multi-index over 4 blocks of 16 bits of the pHash (two hashes within
-d bits agree within d // 4 bits on at least one block, so each block is looked up with every mask of at most
-d // 4 bits), near texts through LSH banding of the MinHash signatures. Candidates are checked on the whole
-hash, PAIR_CHUNK at a time, which bounds the memory of the search.
+Never all pairs: near images through project/shards/phash_search.py (an exact multi-index over blocks of the
+pHash while the images are few, bit sampling past that), near texts through LSH banding of the MinHash
+signatures. Candidates are checked on the whole hash, PAIR_CHUNK at a time, which bounds the memory of the search.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from itertools import combinations
 
 import numpy as np
 
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, NUM_PERM, THUMB_DIFFERENCE, Hashes
+from project.shards.phash_search import LSH_FROM, close_pairs, tie_keys
 
-BLOCKS = 4  # multi-index: 64 bits in 4 blocks of 16
 PAIR_CHUNK = 1 << 16  # candidate pairs checked at a time
-BUCKET_CAP = 256  # a block value shared by more hashes is a huge run (see phash_pairs)
-HUGE_RUN_SAMPLE = 4
 
 
 class Forest:
@@ -86,14 +82,6 @@ def _expand(counts: np.ndarray, lo: np.ndarray) -> Iterator[tuple[np.ndarray, np
         start = stop
 
 
-def _masks(bits: int, weight: int) -> np.ndarray:
-    """All `bits`-bit masks with at most `weight` bits set."""
-    masks = [0]
-    for w in range(1, weight + 1):
-        masks += [sum(1 << i for i in chosen) for chosen in combinations(range(bits), w)]
-    return np.asarray(masks, dtype=np.uint64)
-
-
 def thumb_difference(thumbs: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The mean absolute difference between the thumbnails of each pair (a[k], b[k])."""
     return np.abs(thumbs[a].astype(np.int16) - thumbs[b]).mean(axis=(1, 2, 3))
@@ -105,47 +93,28 @@ def phash_pairs(
     thumbs: np.ndarray | None = None,
     rows: np.ndarray | None = None,
     joined: Callable | None = None,
+    *,
+    lsh_from: int = LSH_FROM,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Index pairs (i < j) of 64-bit `values` within `max_distance` differing bits, in chunks (a pair may come
     more than once); with `thumbs`, only those whose thumbnails (value i's at thumbs[rows[i]]) differ by at
     most THUMB_DIFFERENCE. `joined(i, j)`, if given, says which pairs are known to match already: they are
     neither checked nor yielded.
 
-    All of them while no block value is shared by more than BUCKET_CAP hashes. Past that (thousands of
-    frames of one video, say), each hash is compared with the BUCKET_CAP after it in the order of the full
-    hash, and with the first HUGE_RUN_SAMPLE of a neighbouring block value's huge run: near copies still
-    join through chains of neighbours, and the search stays linear instead of quadratic."""
-    width = 64 // BLOCKS
-    masks = _masks(width, max_distance // BLOCKS)
-    for block in range(BLOCKS):
-        keys = ((values >> np.uint64(block * width)) & np.uint64((1 << width) - 1)).astype(np.int64)
-        order = np.lexsort((values, keys))  # by block value, then by the whole hash
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
-        starts = np.zeros((1 << width) + 1, dtype=np.int64)  # where each block value's run begins in `order`
-        np.cumsum(np.bincount(keys, minlength=1 << width), out=starts[1:])
-        for mask in masks.astype(np.int64):
-            wanted = keys ^ mask
-            if mask == 0:  # the own run: those after this hash, at most BUCKET_CAP
-                lo = rank + 1
-                counts = np.minimum(starts[keys + 1] - lo, BUCKET_CAP)
-            else:  # another run: all of it, or where it is huge, its first few (one link joins two runs)
-                lo = starts[wanted]
-                counts = starts[wanted + 1] - lo
-                counts = np.where(counts > BUCKET_CAP, np.minimum(counts, HUGE_RUN_SAMPLE), counts)
-            for query, position in _expand(counts, lo):
-                other = order[position]
-                query, other = np.minimum(query, other), np.maximum(query, other)
-                close = popcount(values[query] ^ values[other]) <= max_distance
-                query, other = query[close], other[close]
-                if joined is not None:
-                    new = ~joined(query, other)
-                    query, other = query[new], other[new]
-                if thumbs is not None:
-                    pair = (query, other) if rows is None else (rows[query], rows[other])
-                    alike = thumb_difference(thumbs, *pair) <= THUMB_DIFFERENCE
-                    query, other = query[alike], other[alike]
-                yield query, other
+    project/shards/phash_search.py finds the pairs within `max_distance`: below `lsh_from` hashes all of them (an
+    exact multi-index), from there each pair at `max_distance` with probability 0.99 or more, a closer one with
+    more (bit sampling, in about n log n a table). Either way the pairs found depend on the hashes alone, never on
+    their order, and a huge run (thousands of frames of one video) is compared in time linear in its size: each
+    hash with a few neighbours in the order of the hash; near copies still join through chains of neighbours."""
+    for query, other in close_pairs(values, max_distance, tie_keys(values, thumbs, rows), lsh_from):
+        if joined is not None and len(query):
+            new = ~joined(query, other)
+            query, other = query[new], other[new]
+        if thumbs is not None and len(query):
+            pair = (query, other) if rows is None else (rows[query], rows[other])
+            alike = thumb_difference(thumbs, *pair) <= THUMB_DIFFERENCE
+            query, other = query[alike], other[alike]
+        yield query, other
 
 
 def lsh_bands(threshold: float) -> tuple[int, int]:
