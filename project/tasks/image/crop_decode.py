@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from project.tasks.image.crops import CropFlip
-from project.tasks.image.decode import check_pixels, check_resized, dct_factor, jpeg_frame
+from project.tasks.image.decode import check_pixels, check_resized, check_scans, dct_factor, jpeg_frame
 
 try:
     import simplejpeg
@@ -73,12 +73,14 @@ class RegionCrop:
 
     def plan(self, jpeg: bytes) -> tuple[int, int, int] | None:
         """(height, width, DCT scale denominator of the whole decode) of a JPEG whose crop may be decoded alone,
-        from its header; None for one to decode whole. A ValueError for an image past the pixel bounds."""
+        from its header; None for one to decode whole. A ValueError for an image past the pixel bounds, or one of
+        more than `MAX_JPEG_SCANS` scans."""
         frame = jpeg_frame(jpeg) if len(jpeg) >= SMALL_FILE else None
         if frame is None or not takes(jpeg, frame):
             return None
         _, _, width, height, _ = frame
         check_pixels(width, height, self.max_pixels)
+        check_scans(jpeg)
         factor = dct_factor((width, height), self.decode_size)
         check_resized(math.ceil(height / factor), math.ceil(width / factor), self.image_size, self.max_pixels)
         return (height, width, factor) if height * width >= SMALL else None
@@ -119,16 +121,20 @@ def region(jpeg: bytes, size: tuple[int, int], box: tuple[int, int, int, int]) -
     if codec is None:
         return None
     (decoder, params), (top, left, height, width) = codec, box
+    # one column alone comes out of libjpeg-turbo with 4:2:0 chroma upsampled otherwise: two decoded, one kept
+    start, span = (min(left, size[0] - 2), 2) if width == 1 and size[0] > 1 else (left, width)
     try:
         stream = nvimgcodec.CodeStream(jpeg)
         if (stream.width, stream.height) != size:  # another frame than the header walk found: the whole decode
             return None
-        area = nvimgcodec.Region(start=(top, left), end=(top + height, left + width))
+        area = nvimgcodec.Region(start=(top, start), end=(top + height, start + span))
         image = decoder.decode(stream.get_sub_code_stream(region=area), params=params)
     except Exception:  # any refusal: the whole decode decodes the image or says why not
         return None
     pixels = None if image is None else np.asarray(image.cpu())  # a view that keeps the image alive
-    return pixels if pixels is not None and pixels.shape == (height, width, 3) else None
+    if pixels is None or pixels.shape != (height, span, 3):
+        return None
+    return pixels[:, left - start : left - start + width]
 
 
 def scaled_box(

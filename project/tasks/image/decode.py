@@ -35,6 +35,9 @@ NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.li
 # data.max_image_pixels by default: PIL's own limit (it warns above it, and refuses twice as many). An image
 # whose header declares more is refused before a pixel is decoded: a 630-byte JPEG can declare 60,000 x 60,000
 MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+# scans a JPEG may hold (a progressive one has about 10): each scan is a pass over every block, so a 50 kB file of
+# thousands of few-byte scans costs seconds of decode (libjpeg-turbo's scan-count bomb, on every path)
+MAX_JPEG_SCANS = 100
 
 
 def check_pixels(width: int, height: int, max_pixels: int | None) -> None:
@@ -54,9 +57,17 @@ def check_resized(height: int, width: int, size: int, max_pixels: int | None) ->
         )
 
 
+def check_scans(data: bytes) -> None:
+    """A ValueError (a skipped sample) for a JPEG with more than `MAX_JPEG_SCANS` start-of-scan markers (in the
+    scans' data a 0xFF byte is always followed by 0, so each is one; a marker in a metadata segment counts too)."""
+    if data[:2] == b"\xff\xd8" and (scans := data.count(b"\xff\xda", 2)) > MAX_JPEG_SCANS:
+        raise ValueError(f"it holds {scans:,} JPEG scans, over {MAX_JPEG_SCANS} (a scan-count bomb)")
+
+
 def open_image(data: bytes, max_pixels: int | None = MAX_IMAGE_PIXELS) -> Image.Image:
     """The image with only its header read; a ValueError where it declares more than `max_pixels` pixels
-    (an OSError where it is no image PIL reads)."""
+    (an OSError where it is no image PIL reads), or holds more than `MAX_JPEG_SCANS` JPEG scans."""
+    check_scans(data)
     with warnings.catch_warnings():  # our own bound decides; PIL's warning would repeat it
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
@@ -138,6 +149,7 @@ def decode_jpeg_pixels(
     dimensions = jpeg_size(data)
     if dimensions is not None:
         check_pixels(*dimensions, max_pixels)  # before libjpeg-turbo allocates them
+        check_scans(data)
     if dimensions is None:
         return None
     if simplejpeg is not None and _simplejpeg_reads(data):

@@ -25,6 +25,7 @@ from project.tasks.image.decode import (
     WANTED_EXTENSIONS,
     check_pixels,
     check_resized,
+    check_scans,
     decode_sample,
     jpeg_size,
     optional_label,
@@ -92,7 +93,7 @@ class ImageTask(Task):
         extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
         try:  # from the header alone
             plan = self.region_crop.plan(sample[extension]) if extension in ("jpg", "jpeg") else None
-        except ValueError as error:  # past the pixel bounds
+        except ValueError as error:  # past the pixel bounds, or a scan-count bomb
             raise DecodeError.of(sample, error) from None
         if plan is None:
             return self.train_crop(self.decode_pixels(sample, "train"))
@@ -121,6 +122,7 @@ class ImageTask(Task):
         label = sample_label(sample, self.classes) if stage != "predict" else optional_label(sample, self.classes)
         try:
             check_pixels(*dimensions, self.max_image_pixels)
+            check_scans(jpeg)
         except ValueError as error:
             raise DecodeError.of(sample, error) from None
         return ImageExample(label, jpeg=jpeg, url=sample["__url__"])
