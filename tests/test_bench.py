@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
+import torch
 
 from project.bench.images import subset_index
 from project.bench.run import main
@@ -193,3 +195,20 @@ def test_the_loader_cpu_keeps_a_worker_that_exits_before_the_last_batch(monkeypa
     split: dict = {}
     images.loader_rate("index", 2, {}, split=split)
     assert split["workers"] == pytest.approx((2.0 + 3.0) / 12 * 1e6)  # the last of each: 5 s over 12 samples
+
+
+def test_the_training_comparison_runs_both_loops_at_a_count_the_thread_policy_leaves_alone(monkeypatch):
+    # the template's ThreadPolicy times other thread counts in a run's first steps unless the user fixed the count;
+    # the bench's (e) must look like such a user to it, and put the environment back after
+    from project.bench.run import fixed_thread_count
+    from project.callbacks.threads import USER_THREADS, threads_fixed_by_user
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv(USER_THREADS, "")
+    threads = torch.get_num_threads()
+    assert not threads_fixed_by_user()
+    with fixed_thread_count(workers=1):
+        assert threads_fixed_by_user()
+        assert os.environ["OMP_NUM_THREADS"] == str(torch.get_num_threads())
+    assert "OMP_NUM_THREADS" not in os.environ and os.environ[USER_THREADS] == ""
+    assert torch.get_num_threads() == threads

@@ -38,10 +38,12 @@ With `--json true` the last line is one JSON object: every run's figure, the med
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Literal
@@ -64,7 +66,7 @@ from project.bench.stages import STAGES, stage_costs
 from project.bench.summary import summarize, table
 from project.bench.text import ensure_text_demo, measure_text, summarize_text, text_table
 from project.bench.training import template_rate
-from project.callbacks.threads import fixed_threads
+from project.callbacks.threads import USER_THREADS, fixed_threads
 from project.cli import DEFAULT_CONFIG
 from project.commands import run_command
 from project.data.samples import read_samples
@@ -136,24 +138,13 @@ def measure(args: SimpleNamespace, scratch: Path) -> dict:
     small_mb, large_mb = peak_rss_mb([small, large], workers, settings)
     runs["rss_small_mb"], runs["rss_large_mb"] = [small_mb], [large_mb]
     runs["template"], runs["hand_loop"] = [], []
-    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    # both loops with the threads the workers leave: OMP_NUM_THREADS keeps the template's ThreadPolicy
-    # from timing other counts in its first steps, which would weigh on (e) and not on the hand loop
-    torch.set_num_threads(fixed_threads(workers))
-    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
-    try:
+    with fixed_thread_count(workers):
         for repeat in range(args.repeats):
             logs = scratch / f"logs{repeat}"
             template, hand_loop = template_rate(args.data, index, workers, args.steps, logs=logs, image_size=size)
             runs["template"].append(template)
             runs["hand_loop"].append(hand_loop())
         training_threads = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(threads)
-        if omp is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = omp
     return {
         "data": str(args.data),
         "workers": workers,
@@ -165,6 +156,26 @@ def measure(args: SimpleNamespace, scratch: Path) -> dict:
         "settings": settings,
         "runs": runs,
     }
+
+
+@contextlib.contextmanager
+def fixed_thread_count(workers: int) -> Iterator[None]:
+    """Both loops of (e) with the threads the workers leave, as a user who fixed the count: the template's
+    ThreadPolicy then times no other count in its first steps, which would weigh on (e) and not on the hand loop.
+    The policy takes OMP_NUM_THREADS for the user's only where it was so when the project started (USER_THREADS),
+    so both are set (OMP_NUM_THREADS alone left it timing 19 of the 60 steps at another count); all put back."""
+    threads, saved = torch.get_num_threads(), {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", USER_THREADS)}
+    torch.set_num_threads(fixed_threads(workers))
+    os.environ["OMP_NUM_THREADS"] = os.environ[USER_THREADS] = str(torch.get_num_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def options(
