@@ -2,7 +2,8 @@
 
 Never all pairs: near images through project/shards/phash_search.py (an exact multi-index over blocks of the
 pHash while the images are few, bit sampling past that), near texts through LSH banding of the MinHash
-signatures. Candidates are checked on the whole hash, PAIR_CHUNK at a time, which bounds the memory of the search.
+signatures. Candidates are checked on the whole hash, phash_search.CHUNK at a time, which bounds the memory of the
+search.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from project.shards.dedup import DEFAULT_NEAR_DISTANCE, DEFAULT_NEAR_JACCARD, NUM_PERM, THUMB_DIFFERENCE, Hashes
-from project.shards.phash_search import LSH_FROM, close_pairs, tie_keys
-
-PAIR_CHUNK = 1 << 16  # candidate pairs checked at a time
+from project.shards.phash_search import LSH_FROM, close_pairs, expand, popcount, tie_keys
 
 
 class Forest:
@@ -56,30 +55,6 @@ def first_of_equal(values: np.ndarray) -> np.ndarray:
     keys = values if values.ndim == 1 else np.ascontiguousarray(values).view(f"V{values.shape[1] * values.itemsize}")
     _, first, inverse = np.unique(keys.ravel(), return_index=True, return_inverse=True)
     return first[inverse.ravel()]
-
-
-def popcount(values: np.ndarray) -> np.ndarray:
-    if hasattr(np, "bitwise_count"):
-        return np.bitwise_count(values)
-    return np.unpackbits(values.view(np.uint8).reshape(-1, 8), axis=1).sum(axis=1)
-
-
-def _expand(counts: np.ndarray, lo: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(query, position) for each query i and each position in lo[i]:lo[i]+counts[i], in bounded chunks."""
-    queries = np.flatnonzero(counts)
-    if len(queries) == 0:
-        return
-    cumulative = np.cumsum(counts[queries])
-    start = 0
-    while start < len(queries):
-        base = cumulative[start - 1] if start else 0
-        stop = max(start + 1, int(np.searchsorted(cumulative, base + PAIR_CHUNK, side="right")))
-        chunk = queries[start:stop]
-        repeats = counts[chunk]
-        query = np.repeat(chunk, repeats)
-        offsets = np.arange(len(query)) - np.repeat(np.cumsum(repeats) - repeats, repeats)
-        yield query, lo[query] + offsets
-        start = stop
 
 
 def thumb_difference(thumbs: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -152,7 +127,7 @@ def minhash_pairs(
         # each member of a bucket against the bucket's first: enough to join the bucket's matches into one group
         counts = np.zeros(len(ordered), dtype=np.int64)
         counts[starts[sizes > 1]] = sizes[sizes > 1] - 1
-        for query, position in _expand(counts, np.arange(len(ordered)) + 1):
+        for query, position in expand(counts, np.arange(len(ordered)) + 1):
             a, b = order[query], order[position]
             similar = (signatures[rows[a]] == signatures[rows[b]]).mean(axis=1) >= threshold
             yield np.minimum(a, b)[similar], np.maximum(a, b)[similar]

@@ -105,7 +105,7 @@ def multi_index_pairs(values: np.ndarray, max_distance: int, tie: np.ndarray) ->
                 lo = starts[wanted]
                 counts = starts[wanted + 1] - lo
                 counts = np.where(counts > BUCKET_CAP, np.minimum(counts, HUGE_RUN_SAMPLE), counts)
-            for query, position in _expand(counts, lo):
+            for query, position in expand(counts, lo):
                 other = order[position]
                 query, other = np.minimum(query, other), np.maximum(query, other)
                 close = popcount(values[query] ^ values[other]) <= max_distance
@@ -120,7 +120,7 @@ def _masks(bits: int, weight: int) -> np.ndarray:
     return np.asarray(masks, dtype=np.uint64)
 
 
-def _expand(counts: np.ndarray, lo: np.ndarray) -> Pairs:
+def expand(counts: np.ndarray, lo: np.ndarray) -> Pairs:
     """(query, position) for each query i and each position in lo[i]:lo[i]+counts[i], in chunks of about CHUNK."""
     queries = np.flatnonzero(counts)
     if len(queries) == 0:
