@@ -102,18 +102,21 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
-def test_workers_start_without_running_the_entry_point_again_or_warning(demo, tmp_path):
-    """`python -m MODULE`: the forkserver runs MODULE once as __mp_main__, so its workers neither run it
-    again (it would import the entry point's dependencies in every worker of every epoch) nor warn that
-    it was "found in sys.modules" (24 times in a default run, when the server imported it by name)."""
+@pytest.mark.parametrize("how", ["module", "path"])
+def test_workers_start_without_running_the_entry_point_again_or_warning(demo, tmp_path, how):
+    """`python -m MODULE` or `python PATH`: the forkserver runs the entry point once as __mp_main__, so its
+    workers neither run it again (it would import the entry point's dependencies in every worker of every epoch:
+    2 s of CPU each with Lightning's) nor warn that it was "found in sys.modules" (24 times in a default run, when
+    the server imported it by name)."""
     (tmp_path / "my_entry.py").write_text(ENTRY_POINT)
+    entry = ["-m", "my_entry"] if how == "module" else [str(tmp_path / "my_entry.py")]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])]),
         "PYTHONWARNINGS": "default",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "my_entry", str(demo)],
+        [sys.executable, *entry, str(demo)],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -130,7 +133,7 @@ def test_the_server_preloads_the_stream_the_task_and_the_entry_point(monkeypatch
     import importlib.machinery
     import types
 
-    from project.data.workers import MAIN_MODULE_VARIABLE, PRELOAD, preload
+    from project.data.workers import MAIN_MODULE_VARIABLE, MAIN_PATH_VARIABLE, PRELOAD, preload
 
     main = types.ModuleType("__main__")
     main.__spec__ = importlib.machinery.ModuleSpec("project.train", None)
@@ -139,9 +142,14 @@ def test_the_server_preloads_the_stream_the_task_and_the_entry_point(monkeypatch
     modules = preload(["project.tasks.image.data"])
     assert modules == [*PRELOAD, "project.tasks.image.data", "project.data.forkserver_main"]
     assert os.environ[MAIN_MODULE_VARIABLE] == "project.train"
-    main.__spec__ = None  # a script run by path, or python -c: nothing to run in the server
+    assert MAIN_PATH_VARIABLE not in os.environ
+    main.__spec__, main.__file__ = None, "my_train.py"  # a script run by path: the server runs it, by its full path
+    monkeypatch.setattr("multiprocessing.process.ORIGINAL_DIR", "/work/here")
     preload()
-    assert MAIN_MODULE_VARIABLE not in os.environ
+    assert MAIN_MODULE_VARIABLE not in os.environ and os.environ[MAIN_PATH_VARIABLE] == "/work/here/my_train.py"
+    del main.__file__  # python -c: nothing to run in the server
+    preload()
+    assert MAIN_MODULE_VARIABLE not in os.environ and MAIN_PATH_VARIABLE not in os.environ
 
 
 WHO_STARTS_THE_SERVER = """

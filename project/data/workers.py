@@ -32,6 +32,7 @@ StartMethod = Literal["forkserver", "spawn", "fork"]
 # imported once by the forkserver, so that each worker starts with the stream already loaded
 PRELOAD = ("project.data.workers", "project.data.stream")
 MAIN_MODULE_VARIABLE = "PROJECT_WORKERS_MAIN"  # read by project/data/forkserver_main.py, in the server
+MAIN_PATH_VARIABLE = "PROJECT_WORKERS_MAIN_PATH"  # and this, for a script run by path
 
 
 def preload(modules: Sequence[str] = ()) -> list[str]:
@@ -48,7 +49,17 @@ def preload(modules: Sequence[str] = ()) -> list[str]:
     if name and not name.endswith("__main__"):
         os.environ[MAIN_MODULE_VARIABLE] = name  # the server inherits this process's environment
     else:
-        os.environ.pop(MAIN_MODULE_VARIABLE, None)  # a script run by path, or python -c: nothing to preload
+        os.environ.pop(MAIN_MODULE_VARIABLE, None)  # a script run by path, python -m pkg, python -c
+    # a script run by path (`python my_train.py`, benchmarks/peers.py) runs again in every worker, its imports
+    # included (2 s of CPU a worker that imports Lightning), unless the server ran it (multiprocessing's own
+    # "__main__" preload does not, on 3.11: it looks for a "main_path" its preparation data never holds)
+    path = getattr(main, "__file__", None) if name is None else None
+    if path is not None:
+        if not os.path.isabs(path) and multiprocessing.process.ORIGINAL_DIR is not None:  # as spawn makes it
+            path = os.path.join(multiprocessing.process.ORIGINAL_DIR, path)
+        os.environ[MAIN_PATH_VARIABLE] = os.path.normpath(path)
+    else:
+        os.environ.pop(MAIN_PATH_VARIABLE, None)
     return list(dict.fromkeys([*PRELOAD, *modules, "project.data.forkserver_main"]))
 
 
