@@ -86,6 +86,7 @@ def test_forkserver_falls_back_to_spawn_where_it_does_not_exist(monkeypatch):
 
 ENTRY_POINT = """
 import os, sys
+import my_helper  # beside the entry point: on sys.path for `python PATH` only as its folder
 print("entry point ran in", os.getpid(), file=sys.stderr, flush=True)
 
 def main():
@@ -109,10 +110,12 @@ def test_workers_start_without_running_the_entry_point_again_or_warning(demo, tm
     2 s of CPU each with Lightning's) nor warn that it was "found in sys.modules" (24 times in a default run, when
     the server imported it by name)."""
     (tmp_path / "my_entry.py").write_text(ENTRY_POINT)
+    (tmp_path / "my_helper.py").write_text("")
     entry = ["-m", "my_entry"] if how == "module" else [str(tmp_path / "my_entry.py")]
+    path = [str(tmp_path)] if how == "module" else []  # a script's folder comes first on its sys.path by itself
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])]),
+        "PYTHONPATH": os.pathsep.join([*path, str(Path(__file__).resolve().parents[1])]),
         "PYTHONWARNINGS": "default",
     }
     result = subprocess.run(

@@ -23,6 +23,8 @@ if _name and getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "na
 
 _path = os.environ.get(MAIN_PATH_VARIABLE)
 if _path and getattr(sys.modules.get("__main__"), "__file__", None) != _path:
+    if os.path.dirname(_path) not in sys.path:  # as `python PATH` puts it first (the server gets no sys.path)
+        sys.path.insert(0, os.path.dirname(_path))
     try:
         spawn._fixup_main_from_path(_path)  # noqa: SLF001 - what each worker's start would call
     except Exception as error:  # noqa: BLE001 - the workers then run it themselves, as before
