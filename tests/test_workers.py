@@ -113,6 +113,8 @@ def test_workers_start_without_running_the_entry_point_again_or_warning(demo, tm
     (tmp_path / "my_helper.py").write_text("")
     entry = ["-m", "my_entry"] if how == "module" else [str(tmp_path / "my_entry.py")]
     path = [str(tmp_path)] if how == "module" else []  # a script's folder comes first on its sys.path by itself
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([*path, str(Path(__file__).resolve().parents[1])]),
@@ -121,7 +123,7 @@ def test_workers_start_without_running_the_entry_point_again_or_warning(demo, tm
     result = subprocess.run(
         [sys.executable, *entry, str(demo)],
         env=env,
-        cwd=tmp_path,
+        cwd=tmp_path if how == "module" else elsewhere,  # for PATH, not the script's folder: it must not count
         capture_output=True,
         text=True,
         timeout=120,
