@@ -3,6 +3,9 @@ values while the worker rewrites its buffers, the buffers are reused, and what i
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -24,8 +27,9 @@ class Filled(IterableDataset):
             image = shared.pooled_empty((4, 6, 6, 3))
             image.fill_(number)
             pool = shared.worker_pool()
-            leased = shared.leased(image) is not None
-            made = torch.tensor([len(pool.owner), int(leased)])
+            lease = shared.leased(image)
+            sent = [int(lease is not None), int(lease is not None and lease.tensor is None)]
+            made = torch.tensor([len(pool.owner), *sent, int(lease is not None and lease.state is None)])
             yield ImageBatch(image=image.permute(0, 3, 1, 2), label=made)
 
 
@@ -39,6 +43,51 @@ def test_batches_held_by_the_trainer_keep_their_values_while_the_worker_reuses_i
     buffers = [int(batch.label[0]) for batch in held]
     assert all(int(batch.label[1]) for batch in held)  # every batch went out in one of the pool's buffers
     assert max(buffers) <= shared.SLOTS and buffers[-1] < 12  # reused, not one per batch
+    # a buffer's first batch sends its file descriptor; the training process keeps it mapped, so each later
+    # batch in that buffer sends only its slot
+    by_reference = [int(batch.label[2]) for batch in held]
+    assert by_reference.count(0) == buffers[-1] and by_reference[-1] == 1
+    assert [int(batch.label[3]) for batch in held][-1] == 1  # the buffers' flags were sent once
+
+
+def test_large_buffers_send_their_memory_with_each_batch_and_the_values_hold(monkeypatch):
+    monkeypatch.setattr(shared, "MAPPED_BYTES", 0)  # the training process's choice: keep none mapped
+    held = list(DataLoader(Filled(8), batch_size=None, num_workers=1, collate_fn=as_is, prefetch_factor=2))
+    assert [int(batch.image.float().mean()) for batch in held] == list(range(8))
+    assert all(int(batch.label[1]) and not int(batch.label[2]) for batch in held)  # pooled, never by reference
+
+
+def _lease_of(pool: shared._Pool, value: int) -> shared.Lease:
+    tensor = torch.empty(0, dtype=torch.uint8).set_(pool.take(16)).view(4, 4)
+    return pool.lease(tensor.fill_(value))
+
+
+def test_the_mappings_of_exited_workers_are_dropped_and_past_the_limit_leases_carry_their_memory(monkeypatch):
+    mappings = shared._Mappings()
+    monkeypatch.setattr(shared, "_mappings", mappings)
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    gone = shared._Pool()
+    gone.pid = int(exited.stdout)  # a worker that has exited since
+    lease = _lease_of(gone, 1)
+    assert torch.equal(lease.receive(), torch.full((4, 4), 1, dtype=torch.uint8))
+    lease.release()
+    assert list(mappings.pools) == [gone.token]
+    live = shared._Pool()
+    lease = _lease_of(live, 2)
+    lease.receive(), lease.release()
+    assert list(mappings.pools) == [live.token]  # the exited worker's buffers are let go
+    again = _lease_of(live, 3)
+    assert again.tensor is None and again.state is None  # now sent by reference
+    assert torch.equal(again.receive(), torch.full((4, 4), 3, dtype=torch.uint8))
+    again.release()
+    assert int(live.flags[again.slot]) == shared.FREE
+    monkeypatch.setattr(shared, "MAX_POOLS", 1)
+    other = shared._Pool()
+    lease = _lease_of(other, 4)
+    assert torch.equal(lease.receive(), torch.full((4, 4), 4, dtype=torch.uint8))
+    lease.release()
+    assert int(other.flags[lease.slot]) == shared.FREE and other.token not in mappings.pools
+    assert _lease_of(other, 5).tensor is not None  # not mapped: its memory travels with each batch
 
 
 def test_a_lease_copies_out_and_frees_its_buffer_and_a_full_pool_falls_back_to_new_memory():
