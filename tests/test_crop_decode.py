@@ -182,10 +182,10 @@ def test_a_skipped_sample_gives_its_draws_back(monkeypatch):
     monkeypatch.setattr(crop_decode, "region", lambda *_: None)  # the whole decode after the draws
     real = ImageTask.decode_pixels
 
-    def decode_pixels(self, one, stage):  # noqa: ANN001, ANN202
+    def decode_pixels(self, one, stage, checked=False):  # noqa: ANN001, ANN202
         if one["__key__"] == "fail":
             raise DecodeError("corrupt")
-        return real(self, one, stage)
+        return real(self, one, stage, checked)
 
     monkeypatch.setattr(ImageTask, "decode_pixels", decode_pixels)
     torch.manual_seed(4)
@@ -248,3 +248,20 @@ def test_the_batches_are_the_whole_decodes_with_threads_and_after_a_resume(jpeg_
     assert_same(epoch(stream_for(jpeg_shards, task)), whole)
     monkeypatch.setattr(RegionCrop, "plan", lambda *_: None)  # every image decoded whole, as before
     assert_same(epoch(stream_for(jpeg_shards, task)), whole)
+
+
+def test_a_jpeg_planned_for_its_crop_but_decoded_whole_has_its_scans_counted_once(monkeypatch):
+    from project.tasks.image import decode
+
+    counted, real = [], decode.check_scans
+    monkeypatch.setattr(decode, "check_scans", lambda data: counted.append(len(data)) or real(data))
+    monkeypatch.setattr(crop_decode, "check_scans", lambda data: counted.append(len(data)) or real(data))
+    task = imagenet_task(scale=(0.9, 1.0))  # boxes of 90-100%: decoding the box alone would not pay
+    one = sample("x", encoded(textured(180, 320)))
+    assert task.region_crop.plan(one["jpg"]) is not None
+    counted.clear()
+    torch.manual_seed(4)
+    before = whole_path(task, one)  # checks the scans itself
+    counted.clear()
+    torch.manual_seed(4)
+    assert torch.equal(task.decode(one, "train").pixels, before) and counted == [len(one["jpg"])]

@@ -136,6 +136,8 @@ def decode_jpeg_pixels(
     data: bytes,
     size: int | None = None,
     max_pixels: int | None = MAX_IMAGE_PIXELS,
+    *,
+    checked: bool = False,
 ) -> torch.Tensor | None:
     """A JPEG as a uint8 CHW RGB tensor (a view of HWC memory) through libjpeg-turbo, at the smallest
     DCT scale (1/2, 1/4, 1/8) whose shorter side is still `size` or more; None when libjpeg-turbo cannot
@@ -144,10 +146,11 @@ def decode_jpeg_pixels(
     simplejpeg where installed (a dependency): 1.5-2.5x faster than torchvision's operator on the same
     photos, and it decodes at a reduced scale (benchmarks/augment_cost.py). Otherwise torchvision's
     operator, leaving images twice `size` or more to PIL's draft mode. Both are 3x faster than PIL for
-    small images, whose JPEG header parsing is Python.
+    small images, whose JPEG header parsing is Python. `checked`: the caller has already checked its pixels and
+    scans (`RegionCrop.plan`; counting a photograph's scans costs 20 µs).
     """
     dimensions = jpeg_size(data)
-    if dimensions is not None:
+    if dimensions is not None and not checked:
         check_pixels(*dimensions, max_pixels)  # before libjpeg-turbo allocates them
         check_scans(data)
     if dimensions is None:
@@ -270,18 +273,21 @@ def decode_sample(
     classes: Sequence[str] | None = None,
     need_label: bool = True,
     max_pixels: int | None = MAX_IMAGE_PIXELS,
+    *,
+    checked: bool = False,
 ) -> tuple[Image.Image | np.ndarray | torch.Tensor, int]:
     """(image, label) for one grouped tar sample; raises `DecodeError` naming the shard and key.
 
     The image is a PIL image, an HWC/HW array (.npy), or a CHW uint8 tensor (JPEGs that need no draft).
     Without `need_label` (predict), a sample without a usable label gets `NO_LABEL`. An image that
-    declares more than `max_pixels` pixels is refused (a `DecodeError`) before it is decoded.
+    declares more than `max_pixels` pixels is refused (a `DecodeError`) before it is decoded. `checked`: its
+    JPEG's pixels and scans were checked already (see `decode_jpeg_pixels`).
     """
     try:
         label = decode_label(sample, classes) if need_label else optional_label(sample, classes)
         extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
         if extension in ("jpg", "jpeg"):
-            fast = decode_jpeg_pixels(sample[extension], size, max_pixels)
+            fast = decode_jpeg_pixels(sample[extension], size, max_pixels, checked=checked)
             if fast is not None:
                 return fast, label
         if extension is not None:

@@ -102,8 +102,8 @@ class ImageTask(Task):
         try:
             draws = self.crop_flip.draws()
             region = self.region_crop.pixels(sample[extension], plan, draws)
-            if region is None:
-                return self.train_crop(self.decode_pixels(sample, "train"), draws)
+            if region is None:  # its pixels and scans were checked by `plan`
+                return self.train_crop(self.decode_pixels(sample, "train", checked=True), draws)
             pixels = torch.from_numpy(self.crop_flip.finish(region, draws)).permute(2, 0, 1)
             return ImageExample(sample_label(sample, self.classes), pixels)
         except BaseException:
@@ -127,10 +127,12 @@ class ImageTask(Task):
             raise DecodeError.of(sample, error) from None
         return ImageExample(label, jpeg=jpeg, url=sample["__url__"])
 
-    def decode_pixels(self, sample: Sample, stage: str) -> ImageExample:
-        """The sample's label and its whole decoded image (at a reduced JPEG scale where training allows)."""
+    def decode_pixels(self, sample: Sample, stage: str, checked: bool = False) -> ImageExample:
+        """The sample's label and its whole decoded image (at a reduced JPEG scale where training allows);
+        `checked`: its JPEG's pixels and scans were checked already (`RegionCrop.plan`)."""
         size = self.decode_sizes.get(stage, self.image_size)
-        image, label = decode_sample(sample, size, self.classes, stage != "predict", self.max_image_pixels)
+        limits = {"max_pixels": self.max_image_pixels, "checked": checked}
+        image, label = decode_sample(sample, size, self.classes, stage != "predict", **limits)
         example = ImageExample(label, pixels(image))
         try:  # a sliver of an image would grow past the pixel bound in the transform's Resize
             check_resized(*example.pixels.shape[-2:], self.image_size, self.max_image_pixels)
