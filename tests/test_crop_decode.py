@@ -6,6 +6,7 @@ with their draws given back, and the same batches after a resume."""
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import pytest
@@ -265,3 +266,19 @@ def test_a_jpeg_planned_for_its_crop_but_decoded_whole_has_its_scans_counted_onc
     counted.clear()
     torch.manual_seed(4)
     assert torch.equal(task.decode(one, "train").pixels, before) and counted == [len(one["jpg"])]
+
+
+@needs_library
+def test_the_bench_times_the_loaders_own_decode_with_its_regions(regions):
+    from project.bench.stages import decode_and_crop
+
+    task, chosen = imagenet_task(), samples(8)
+    torch.manual_seed(6)
+    loader = [task.decode(one, "train").pixels for one in chosen]
+    asked = len(regions)
+    costs = {"decode": 0.0, "crop": 0.0}
+    torch.manual_seed(6)
+    timed = decode_and_crop(task, chosen, costs, time.thread_time)
+    assert all(torch.equal(one.pixels, two) for one, two in zip(timed, loader, strict=True))
+    assert len(regions) == 2 * asked and any(given for _, given in regions)  # the same region decodes, again
+    assert costs["decode"] > 0 and costs["crop"] > 0

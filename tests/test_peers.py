@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -271,3 +273,23 @@ def test_imagefolder_keeps_keys_that_hold_a_slash(tmp_path):
     peer_data.ensure_format(data, "imagefolder")
     batches, keys_of = peer_loaders.imagefolder_loader(data.cache, size=8, workers=0, batch_size=2)
     assert sorted(key for batch in batches for key in keys_of(batch)) == sorted(keys)
+
+
+def test_the_samplings_own_cpu_is_left_out_of_the_loaders(monkeypatch):
+    import time
+
+    peer_processes = importlib.import_module("peer_processes")
+
+    def slow_rollup(pid: int) -> int:  # reading smaps_rollup of a large process costs milliseconds
+        end = time.thread_time() + 0.1
+        while time.thread_time() < end:
+            pass
+        return 1
+
+    monkeypatch.setattr(peer_processes, "proportional_set_size", slow_rollup)
+    processes = peer_processes.Processes()
+    # this process alone: the test session's other processes (a forkserver starting) spend CPU of their own
+    processes.pids, processes.me = [os.getpid()], SimpleNamespace(pid=os.getpid(), children=lambda recursive: [])
+    processes.sample()  # the first sample lists the processes and reads their PSS
+    assert processes.own_seconds >= 0.1 and processes.peak_pss > 0
+    assert abs(processes.cpu_seconds()) < 0.05  # 0.1 s and more spent, none of it the loader's

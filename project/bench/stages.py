@@ -6,9 +6,10 @@ CPU time counted (`time.thread_time`) around that stage only:
 
 - read: the tar members read and grouped by key into encoded samples (`PartReader`, the training plan's parts);
 - shuffle: the bounded buffer's permutation of those samples;
-- decode: each sample's image decoded (near the training size) and its label read (`ImageTask.decode_pixels`);
-- crop: its crop, resize and flip (`ImageTask.train_crop`), which `decode` runs right after decoding it;
-- collate: the task's `collate` (the labels, the batch);
+- decode: each sample's image decoded and its label read (`ImageTask.train_pixels`: the crop's region alone where
+  that pays, crop_decode.py, else the whole image near the training size);
+- crop: its crop, resize and flip (`ImageTask.train_finish`), run right after decoding it, as the loader does;
+- collate: the task's `collate` (the labels, the batch), into a few reused buffers as in a worker;
 - hand-over: a batch put on a worker-to-trainer queue by a forked process and taken off it here, as a DataLoader
   worker's batches reach the trainer (the pickle, the queue, the copy out of the worker's reused shared buffer,
   project/data/shared.py);
@@ -18,17 +19,20 @@ CPU time counted (`time.thread_time`) around that stage only:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from project.data.reading import PartReader
-from project.data.shared import pooled_empty, start_pool
+from project.data.shared import pooled_as_a_worker, pooled_empty, released, start_pool
 from project.data.stream import ShardStream, shuffled
 from project.tasks.image.data import ImageShards
+from project.tasks.image.task import ImageTask
 
 PREFETCH = 2  # the DataLoader's prefetch_factor: batches a worker has under way
 STAGES = ("read", "shuffle", "decode", "crop", "collate", "handover")
@@ -50,7 +54,8 @@ def stage_costs(index: Path, settings: dict) -> dict[str, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
     try:
-        costs, batches = measure_stages(stream, module)
+        with pooled_as_a_worker():  # collate writes into reused buffers, as a worker's: no fresh pages to fault in
+            costs, batches = measure_stages(stream, module)
         costs["handover"] = handover_seconds(batches)
     finally:
         torch.set_num_threads(threads)
@@ -74,17 +79,46 @@ def measure_stages(stream: ShardStream, module: ImageShards) -> tuple[dict[str, 
         costs["shuffle"] += clock() - middle
         for size in plan.batch_sizes:
             chunk = list(itertools.islice(samples, size))
+            examples = decode_and_crop(task, chunk, costs, clock)
             start = clock()
-            examples = [task.decode_pixels(sample, "train") for sample in chunk]
-            costs["decode"] += clock() - start
-            if task.crop_flip is not None:
-                start = clock()
-                examples = [task.train_crop(example) for example in examples]
-                costs["crop"] += clock() - start
-            start = clock()
-            batches.append(task.collate(examples, "train"))
+            batch = task.collate(examples, "train")
             costs["collate"] += clock() - start
+            batch.image = released(batch.image)  # copied out, its buffer free again, as the trainer's receipt does
+            batches.append(batch)
     return costs, batches
+
+
+def decode_and_crop(task: ImageTask, chunk: list, costs: dict[str, float], clock: Callable[[], float]) -> list:
+    """The chunk's training examples as the loader makes them (`ImageTask.train_decode`: each sample's crop
+    decoded alone where that pays, else the whole image, then cropped at once), with the decoding's CPU time
+    added to costs["decode"] and the crop's to costs["crop"]. Timed per sample, since decoding a batch's whole
+    images first and cropping them after keeps them all in memory, which the loader never does (on the
+    photographs, faulting in fresh pages made each decode a third slower); less the clock's own cost."""
+    if task.crop_flip is None:  # no crop of ours: the transform runs in `collate`
+        start = clock()
+        examples = [task.decode_pixels(sample, "train") for sample in chunk]
+        costs["decode"] += clock() - start
+        return examples
+    examples, decoding, cropping, before = [], 0.0, 0.0, clock()
+    for sample in chunk:
+        decoded = task.train_pixels(sample)
+        middle = clock()
+        examples.append(task.train_finish(decoded))
+        after = clock()
+        decoding, cropping, before = decoding + middle - before, cropping + after - middle, after
+    overhead = clock_cost(clock) * len(chunk)
+    costs["decode"] += max(0.0, decoding - overhead)
+    costs["crop"] += max(0.0, cropping - overhead)
+    return examples
+
+
+@functools.cache
+def clock_cost(clock: Callable[[], float], calls: int = 2000) -> float:
+    """CPU seconds one call of `clock` takes (a thread's CPU clock is a system call, not a vDSO read)."""
+    start = clock()
+    for _ in range(calls):
+        clock()
+    return (clock() - start) / calls
 
 
 def _put_all(batches: list, queue, results, done, prefetch) -> None:

@@ -25,9 +25,11 @@ kept, and a worker past that sends its descriptors with each batch, as before.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -207,6 +209,29 @@ def start_pool() -> None:
     """Hand batches over as a worker does from this process, which is none (project/bench/stages.py)."""
     global _pool
     _pool = _Pool()
+
+
+@contextlib.contextmanager
+def pooled_as_a_worker() -> Iterator[None]:
+    """Within: this process's batches are made in a pool of reused buffers, as a worker's are
+    (project/bench/stages.py times `collate` so; `released` frees each buffer as the trainer's receipt would)."""
+    global _pool
+    before, _pool = _pool, _Pool()
+    try:
+        yield
+    finally:
+        _pool = before
+
+
+def released(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of a tensor that views this process's pool, its buffer marked free as on receipt (the tensor
+    itself where it views none)."""
+    lease = leased(tensor)
+    if lease is None:
+        return tensor
+    copy = tensor.clone(memory_format=torch.preserve_format)
+    _pool.view[lease.slot] = FREE
+    return copy
 
 
 def pooled_empty(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:

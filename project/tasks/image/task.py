@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
+import numpy as np
 import torch
 from torchvision.transforms import v2
 
@@ -34,6 +36,15 @@ from project.tasks.image.decode import (
 from project.tasks.image.transforms import build_transform, pixels, transform_all
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+class TrainPixels(NamedTuple):
+    """A training sample decoded, not yet cropped (`ImageTask.train_pixels`): its whole image, or its label alone
+    with its crop's pixels (HWC) decoded alone; the draws of its box and flip where they were taken."""
+
+    example: ImageExample
+    region: np.ndarray | None = None
+    draws: list[float] | None = None
 
 
 class ImageTask(Task):
@@ -90,25 +101,36 @@ class ImageTask(Task):
         """A training example, its image cropped, resized and flipped: a JPEG's crop decoded alone where that
         costs less (crop_decode.py), else the whole image decoded and cropped at once, while its pixels are in
         the CPU's cache (crops.py). A skipped sample takes no draws, as when every image was decoded whole."""
+        return self.train_finish(self.train_pixels(sample))
+
+    def train_pixels(self, sample: Sample) -> TrainPixels:
+        """`train_decode`'s decoding (project/bench/stages.py times it apart from `train_finish`): the crop's
+        pixels decoded alone, with its draws, or the whole image, with its draws if they were taken."""
         extension = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
         try:  # from the header alone
             plan = self.region_crop.plan(sample[extension]) if extension in ("jpg", "jpeg") else None
         except ValueError as error:  # past the pixel bounds, or a scan-count bomb
             raise DecodeError.of(sample, error) from None
         if plan is None:
-            return self.train_crop(self.decode_pixels(sample, "train"))
+            return TrainPixels(self.decode_pixels(sample, "train"))
         generator = batch_generator() or torch.default_generator
         state = generator.get_state()
         try:
             draws = self.crop_flip.draws()
             region = self.region_crop.pixels(sample[extension], plan, draws)
             if region is None:  # its pixels and scans were checked by `plan`
-                return self.train_crop(self.decode_pixels(sample, "train", checked=True), draws)
-            pixels = torch.from_numpy(self.crop_flip.finish(region, draws)).permute(2, 0, 1)
-            return ImageExample(sample_label(sample, self.classes), pixels)
+                return TrainPixels(self.decode_pixels(sample, "train", checked=True), draws=draws)
+            return TrainPixels(ImageExample(sample_label(sample, self.classes)), region, draws)
         except BaseException:
             generator.set_state(state)  # a skipped sample's draws are given back
             raise
+
+    def train_finish(self, decoded: TrainPixels) -> ImageExample:
+        """`train_decode`'s crop, resize and flip of what `train_pixels` decoded."""
+        example, region, draws = decoded
+        if region is None:
+            return self.train_crop(example, draws)
+        return example._replace(pixels=torch.from_numpy(self.crop_flip.finish(region, draws)).permute(2, 0, 1))
 
     def deferred(self, sample: Sample, stage: str) -> ImageExample | None:
         """With decode_on=device: the sample's label and JPEG bytes, left for the device; None for an image the
