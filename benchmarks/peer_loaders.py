@@ -25,7 +25,6 @@ import torchvision
 from peer_processes import Processes
 from torchvision.transforms import v2
 
-from project.bench.images import NaiveSample, webdataset_pipeline
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
 
@@ -74,6 +73,8 @@ def Augment(  # noqa: N802 - used as a class
 ) -> Callable[[bytes | torch.Tensor], torch.Tensor]:
     """Decode and augment one image, the bench's naive path with the `light` preset, or its crop and flip from
     `crop_scale` of the area (picklable: it travels to the workers)."""
+    from project.bench.images import NaiveSample  # here: it imports Lightning, which the project's workers need not
+
     sample = NaiveSample("light", size)
     if crop_scale != LIGHT_SCALE:
         sample.transform = crop_transform(size, crop_scale)
@@ -136,6 +137,8 @@ def webdataset_loader(
     the workers, and WebLoader(dataset, batch_size=None, num_workers=N)."""
     peer_module("webdataset")
     urls = [shard.url for shard in resolve_shards(str(shards)).shards]
+    from project.bench.images import webdataset_pipeline
+
     return webdataset_pipeline(urls, WdsSample(size, crop_scale), batch_size, workers), lambda batch: batch[2]
 
 
