@@ -16,14 +16,29 @@ from __future__ import annotations
 
 import functools
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from peer_loaders import PEER_PACKAGES, stored_samples
+from peer_names import PEER_PACKAGES
 
-from project.data.samples import read_samples
 from project.data.shard_index import INDEX_NAME, SHUFFLED_KEY, Shard, write_index
-from project.data.specs import resolve_shards
+
+
+def stored_samples(shards: Path) -> Iterator[dict]:
+    """peer_loaders' `stored_samples`, imported here only when called: it imports torch, which the driving
+    process of benchmarks/peers.py never does."""
+    from peer_loaders import stored_samples
+
+    yield from stored_samples(shards)
+
+
+def shard_urls(shards: Path) -> list[str]:
+    """The urls of a set's shards, in index order (the project's index reader imports torch: here, when called)."""
+    from project.data.specs import resolve_shards
+
+    return [shard.url for shard in resolve_shards(str(shards)).shards]
+
 
 PEERS_ROOT = Path("data/peers")
 DONE = ".complete"
@@ -85,6 +100,8 @@ def sorted_set(source: ImageSet, root: Path = PEERS_ROOT, per_shard: int = 1000)
                 for sample in samples[first : first + per_shard]:
                     writer.write({"__key__": sample["__key__"], "jpg": sample["jpg"], "cls": sample["cls"]})
             written.append(Shard(str(path), len(samples[first : first + per_shard]), path.stat().st_size))
+        from project.data.specs import resolve_shards
+
         extra = dict(resolve_shards(str(source.shards)).extra)
         extra.pop(SHUFFLED_KEY, None)  # sorted now: the source's word no longer holds
         write_index(shards / INDEX_NAME, written, name="train", extra=extra)
@@ -96,6 +113,8 @@ def sorted_set(source: ImageSet, root: Path = PEERS_ROOT, per_shard: int = 1000)
 
 def litdata_items(urls: list[str], number: int):
     """litdata's `optimize` fn: one shard's samples as {key, jpg (the JPEG's bytes), cls}."""
+    from project.data.samples import read_samples
+
     for sample in read_samples(urls[number]):
         yield {"key": sample["__key__"], "jpg": sample["jpg"], "cls": int(sample["cls"])}
 
@@ -106,7 +125,7 @@ def write_litdata(data: ImageSet, folder: Path) -> None:
     would run the caller's script again without a __main__ guard)."""
     from litdata import optimize
 
-    urls = [shard.url for shard in resolve_shards(str(data.shards)).shards]
+    urls = shard_urls(data.shards)
     optimize(
         fn=functools.partial(litdata_items, urls),
         inputs=list(range(len(urls))),

@@ -22,28 +22,12 @@ from pathlib import Path
 
 import torch
 import torchvision
+from peer_names import LIGHT_SCALE, PEER_PACKAGES, SHARD_READERS
 from peer_processes import Processes
 from torchvision.transforms import v2
 
 from project.data.samples import read_samples
 from project.data.specs import resolve_shards
-
-LOADERS = ("project", "project-threads", "webdataset", "litdata", "mosaic", "imagefolder", "spdl", "dali")
-PEER_PACKAGES = {
-    "webdataset": "webdataset",
-    "litdata": "litdata",
-    "mosaic": "streaming",
-    "spdl": "spdl",
-    "dali": "nvidia.dali",
-}
-SHARD_READERS = (
-    "project",
-    "project-threads",
-    "webdataset",
-    "spdl",
-    "dali",
-)  # read the tar shards themselves; the others, their own format (dali: with its index files beside)
-LIGHT_SCALE = 0.7  # the `light` preset's smallest crop area, the default crop_scale
 
 
 class PeerMissing(RuntimeError):

@@ -27,46 +27,47 @@ same number of processes". Medians of R repeats, interleaved. A peer that is not
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
-from peer_data import ImageSet, demo_set, ensure_format, photo_set, photos_in
-from peer_loaders import LIGHT_SCALE, LOADERS, Augment, PeerMissing, crop_transform, run_epoch, stored_samples
+from peer_calls import PHOTOS_TRAINED, run_call
+from peer_data import ImageSet
+from peer_names import LIGHT_SCALE, LOADERS
 from peer_tables import dali_stage_table, stage_table, table
 
 from project.commands import run_command
 from project.errors import UserError, run_main
 
-PHOTOS_TRAINED = 224  # px, what --photos trains at
+
+def call(spec: dict, isolated: bool = True) -> dict:
+    """`peer_calls.run_call(spec)` in a fresh process (`--one SPEC`), or in this one where `isolated` is false;
+    a process that fails gives {"error": its last line}."""
+    if not isolated:
+        return run_call(spec)
+    with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
+        out = Path(scratch) / "result.json"
+        command = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec), "--out", str(out)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode or not out.exists():
+            lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit code {done.returncode}"]
+            return {"error": lines[-1]}
+        return json.loads(out.read_text())
 
 
-def naive_limit(
-    data: ImageSet, size: int, processes: int, samples: int = 2000, crop_scale: float = LIGHT_SCALE
-) -> dict:
-    """decode_jpeg + the light augmentation of each sample (held in memory; crops from `crop_scale` of the
-    area), in this process with one torch thread as a DataLoader worker has: microseconds a sample, and that
-    work's rate on `processes` processes."""
-    items = [(s["jpg"], s["cls"]) for s in itertools.islice(stored_samples(data.shards), samples)]
-    augment, threads = Augment(size, crop_scale), torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        start = time.perf_counter()
-        for jpeg, label in items:
-            augment(jpeg)
-            int(label)
-        seconds = (time.perf_counter() - start) / len(items)
-    finally:
-        torch.set_num_threads(threads)
-    return {"us_per_sample": seconds * 1e6, "rate": max(1, processes) / seconds}
+def checked(result: dict, what: str) -> dict:
+    if "error" in result:
+        raise UserError(f"{what} failed: {result['error']}")
+    return result
+
+
+def fields(data: ImageSet) -> dict:
+    return {"name": data.name, "shards": str(data.shards), "cache": str(data.cache)}
 
 
 def run_one(
@@ -79,8 +80,8 @@ def run_one(
     isolated: bool = True,
     **options: object,
 ) -> dict:
-    """One epoch of `loader` (see `run_epoch`, which takes the `options`), in a fresh process unless `isolated`
-    is false; a peer that is not installed gives {"missing": ...}, one that fails {"error": ...}."""
+    """One epoch of `loader` (see peer_loaders.run_epoch, which takes the `options`), in a fresh process unless
+    `isolated` is false; a peer that is not installed gives {"missing": ...}, one that fails {"error": ...}."""
     spec = {
         **options,
         "loader": loader,
@@ -92,37 +93,27 @@ def run_one(
         "shuffle_buffer": shuffle_buffer,
         "crop_scale": getattr(args, "crop_scale", LIGHT_SCALE),
     }
-    if not isolated:
-        return epoch_of(spec)
-    with tempfile.TemporaryDirectory(prefix="peers-") as scratch:
-        out = Path(scratch) / "result.json"
-        command = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec), "--out", str(out)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-        if done.returncode or not out.exists():
-            lines = (done.stderr or done.stdout).strip().splitlines() or [f"exit code {done.returncode}"]
-            return {"loader": loader, "error": lines[-1]}
-        return json.loads(out.read_text())
+    result = call(spec, isolated)
+    return {"loader": loader, **result} if "error" in result else result
 
 
-def epoch_of(spec: dict) -> dict:
-    spec = dict(spec, shards=Path(spec["shards"]), cache=Path(spec["cache"]))
-    try:
-        return run_epoch(**spec)
-    except PeerMissing as missing:
-        return {"loader": spec["loader"], "missing": str(missing), "note": missing.note}
+def naive_run(data: ImageSet, size: int, args: SimpleNamespace, isolated: bool = True) -> dict:
+    """The naive work limit (`peer_calls.naive_limit`), in a fresh process as each loader's epoch is."""
+    scale = getattr(args, "crop_scale", LIGHT_SCALE)
+    spec = {"call": "naive", **fields(data), "size": size, "workers": args.workers, "crop_scale": scale}
+    return checked(call(spec, isolated), "the naive work limit")
 
 
 def measure(data: ImageSet, size: int, args: SimpleNamespace, isolated: bool = True) -> dict:
     """Every loader's epochs on `data` at `size`, R repeats interleaved, with medians and ratios; the first
     repeat's key order per loader is kept in "orders" (for benchmarks/shuffle_quality.py)."""
-    keys = [sample["__key__"] for sample in stored_samples(data.shards)]
-    for loader in args.loaders:
-        ensure_format(data, loader)
+    ready = checked(call({"call": "prepare", **fields(data), "loaders": list(args.loaders)}, isolated), "the set")
+    keys = ready["keys"]
     runs: dict[str, list[dict]] = {loader: [] for loader in args.loaders}
     notes: dict[str, str] = {}
     naive, orders = [], {}
     for _ in range(args.repeats):
-        naive.append(naive_limit(data, size, args.workers, crop_scale=getattr(args, "crop_scale", LIGHT_SCALE)))
+        naive.append(naive_run(data, size, args, isolated))
         for loader in args.loaders:
             if loader in notes:
                 continue
@@ -158,7 +149,7 @@ def measure(data: ImageSet, size: int, args: SimpleNamespace, isolated: bool = T
             row["vs_project"] = row["rate"] / project
     return {
         "set": data.name,
-        "stored": stored_size(data),
+        "stored": ready["stored"],
         "trained": size,
         "samples": len(keys),
         "workers": args.workers,
@@ -171,31 +162,10 @@ def measure(data: ImageSet, size: int, args: SimpleNamespace, isolated: bool = T
     }
 
 
-def stored_size(data: ImageSet) -> int:
-    from torchvision.io import decode_jpeg
-
-    first = next(iter(stored_samples(data.shards)))["jpg"]
-    return int(decode_jpeg(torch.frombuffer(bytearray(first), dtype=torch.uint8)).shape[-1])
-
-
-def project_stages(data: ImageSet, size: int, args: SimpleNamespace) -> dict[str, float]:
-    """CPU µs per sample of each stage of the project's loader on `data`, each alone (project/bench/stages.py),
-    with the settings its epochs above ran with."""
-    from project.bench.stages import stage_costs
-
-    scale = getattr(args, "crop_scale", LIGHT_SCALE)
-    augment = "light" if scale == LIGHT_SCALE else crop_transform(size, scale)
-    settings = {"batch_size": args.batch_size, "image_size": size, "augment": augment, "shuffle_buffer": 1000}
-    return stage_costs(data.shards, {**settings, "seed": 0})
-
-
-def dali_stages(data: ImageSet, size: int, args: SimpleNamespace) -> dict[str, float]:
-    """CPU µs per sample of DALI's pipeline cut after each stage (benchmarks/peer_dali.py), with its epochs'
-    settings."""
-    import peer_dali
-
-    crops = {"crop_scale": args.crop_scale, "shuffle_buffer": 1000}
-    return peer_dali.stage_costs(data.shards, data.cache, size, args.workers, args.batch_size, **crops)
+def stages_of(which: str, data: ImageSet, size: int, args: SimpleNamespace) -> dict[str, float]:
+    """The project's ("stages") or DALI's ("dali") CPU per sample by stage, in a fresh process."""
+    settings = {"crop_scale": args.crop_scale, "batch_size": args.batch_size, "workers": args.workers}
+    return checked(call({"call": which, **fields(data), "size": size, "args": settings}), f"the {which} table")
 
 
 def machine() -> dict:
@@ -229,7 +199,8 @@ def options(
         loaders: a comma-separated subset of project, project-threads, webdataset, litdata, mosaic, imagefolder,
             spdl, dali.
         json: write every run, median and ratio to this file.
-        one: a single epoch's spec (JSON, as `run_one` writes it), run in this process; its result goes to --out.
+        one: a spec (JSON, as `call` writes it: an epoch, the naive limit, the set, a stage table), run in this
+            process (benchmarks/peer_calls.py); its result goes to --out.
         out: the file --one writes its result to.
     """
     names = [name.strip() for name in loaders.split(",") if name.strip()]
@@ -255,21 +226,26 @@ def options(
     )
 
 
-def image_set(stored: int, args: SimpleNamespace) -> ImageSet:
-    return demo_set() if stored == 32 else photo_set(samples=args.photo_samples, size=stored)
+def image_set(spec: dict) -> ImageSet:
+    """The set a run measures (see `peer_calls.image_set`), made in a fresh process if missing."""
+    made = checked(call({"call": "set", **spec}), "making the set")
+    return ImageSet(made["name"], Path(made["shards"]), Path(made["cache"]))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = run_command(options, "benchmarks/peers.py", argv)
     if args.one:
-        result = epoch_of(json.loads(args.one))
+        result = run_call(json.loads(args.one))
         Path(args.out).write_text(json.dumps(result))
         return [result]
     before, results = machine(), []
     sets = (
-        [(photos_in(args.photos), PHOTOS_TRAINED)]
+        [(image_set({"photos": str(args.photos)}), PHOTOS_TRAINED)]
         if args.photos
-        else [(image_set(stored, args), trained) for stored, trained in args.sizes]
+        else [
+            (image_set({"stored": stored, "photo_samples": args.photo_samples}), trained)
+            for stored, trained in args.sizes
+        ]
     )
     for data, trained in sets:
         result = measure(data, trained, args)
@@ -277,10 +253,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         results.append(result)
         print(table(result) + "\n", flush=True)
         if "cpu_us" in result["loaders"].get("project", {}):
-            result["stages"] = project_stages(data, trained, args)
+            result["stages"] = stages_of("stages", data, trained, args)
             print(stage_table(result) + "\n", flush=True)
         if "cpu_us" in result["loaders"].get("dali", {}):
-            result["dali_stages"] = dali_stages(data, trained, args)
+            result["dali_stages"] = stages_of("dali", data, trained, args)
             print(dali_stage_table(result) + "\n", flush=True)
     report = {"machine": {**before, "load_after": machine()["load_1_5_15"]}, "sizes": results}
     print(

@@ -253,7 +253,7 @@ def options(
         json: write the results to this file.
         in_process: run the epochs in this process (tests).
     """
-    from peer_loaders import LOADERS
+    from peer_names import LOADERS
 
     names = [name for name in (loaders or ",".join(LOADERS)).split(",") if name]
     given = {"workers": workers, "batch_size": batch_size, "repeats": repeats, "json": json}

@@ -24,6 +24,7 @@ from .conftest import REPO
 if str(REPO / "benchmarks") not in sys.path:
     sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts import each other as `python benchmarks/x.py` does
 peers = importlib.import_module("peers")
+peer_calls = importlib.import_module("peer_calls")
 peer_data = importlib.import_module("peer_data")
 peer_loaders = importlib.import_module("peer_loaders")
 peer_tables = importlib.import_module("peer_tables")
@@ -246,7 +247,7 @@ def test_the_ddp_order_of_sorted_shards_mixes_like_a_full_shuffle_only_when_inte
 
 def test_the_project_stages_table_sits_beside_its_epoch_and_the_naive_work(tiny):
     data, args, result = tiny
-    stages = peers.project_stages(data, 32, argparse.Namespace(**{**vars(args), "batch_size": 32}))
+    stages = peer_calls.project_stages(data, 32, argparse.Namespace(**{**vars(args), "batch_size": 32}))
     assert all(stages[stage] > 0 for stage in ("read", "decode", "crop", "collate", "handover"))
     text = peers.stage_table({**result, "stages": stages})
     assert "| hand-over to the trainer | " in text and "| read tar and group by key | " in text
@@ -293,3 +294,15 @@ def test_the_samplings_own_cpu_is_left_out_of_the_loaders(monkeypatch):
     processes.sample()  # the first sample lists the processes and reads their PSS
     assert processes.own_seconds >= 0.1 and processes.peak_pss > 0
     assert abs(processes.cpu_seconds()) < 0.05  # 0.1 s and more spent, none of it the loader's
+
+
+def test_the_driving_process_imports_neither_torch_nor_lightning():
+    """Every epoch runs in a process of its own; while another process held torch and Lightning, the epochs ran
+    15-60% slower here (benchmarks/README.md), so the process that starts them never imports either."""
+    import subprocess
+
+    check = "import sys, peers; print(sorted(m for m in ('torch', 'lightning', 'torchvision') if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", check], cwd=REPO / "benchmarks", capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
