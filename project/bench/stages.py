@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from project.data.reading import PartReader
-from project.data.shared import pooled_as_a_worker, pooled_empty, released, start_pool
+from project.data.shared import pooled_as_a_worker, pooled_empty, released
 from project.data.stream import ShardStream, shuffled
 from project.tasks.image.data import ImageShards
 from project.tasks.image.task import ImageTask
@@ -123,19 +123,20 @@ def clock_cost(clock: Callable[[], float], calls: int = 2000) -> float:
 
 def _put_all(batches: list, queue, results, done, prefetch) -> None:
     torch.set_num_threads(1)  # as a DataLoader worker (a forked OpenMP pool would hang a large copy)
-    start_pool()  # this process hands its batches over as a DataLoader worker does
-    start, copying = time.process_time(), 0.0
-    for batch in batches:
-        prefetch.acquire()  # at most PREFETCH batches under way, as a DataLoader asks of each worker
-        begin = time.thread_time()
-        pooled = pooled_empty(batch.image.shape)  # what collate writes into in a worker: not the hand-over
-        pooled.copy_(batch.image)
-        batch.image = pooled
-        copying += time.thread_time() - begin
-        queue.put(batch)
-    queue.put(None)
-    results.put(time.process_time() - start - copying)
-    done.wait()  # a tensor's shared memory passes as a file descriptor that this process hands over when asked
+    with pooled_as_a_worker():  # this process hands its batches over as a DataLoader worker does
+        start, copying = time.process_time(), 0.0
+        for batch in batches:
+            prefetch.acquire()  # at most PREFETCH batches under way, as a DataLoader asks of each worker
+            begin = time.thread_time()
+            pooled = pooled_empty(batch.image.shape)  # what collate writes into in a worker: not the hand-over
+            pooled.copy_(batch.image)
+            batch.image = pooled
+            copying += time.thread_time() - begin
+            queue.put(batch)
+        queue.put(None)
+        results.put(time.process_time() - start - copying)
+        done.wait()  # the queue's thread pickles the batches (leasing their buffers) after put; and a tensor's
+        # shared memory passes as a file descriptor that this process hands over when asked
 
 
 def handover_seconds(batches: list) -> float:

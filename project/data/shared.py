@@ -94,8 +94,8 @@ class _Mapped(NamedTuple):
     """A worker's pool as the training process holds it: its shared state and its buffers kept mapped."""
 
     pid: int
-    state: torch.Tensor
-    view: np.ndarray  # the state as numpy: flags at [:SLOTS], the generation mapped of each buffer after them
+    view: np.ndarray  # its shared state as numpy (which keeps it mapped): flags at [:SLOTS], then each buffer's
+    # mapped generation, then whether the state is held
     buffers: dict[int, tuple[int, torch.UntypedStorage]]  # slot: (generation, storage)
 
 
@@ -131,7 +131,7 @@ class _Mappings:
             del self.pools[token]  # its buffers' memory goes with the last mapping
         if len(self.pools) >= MAX_POOLS:
             return None
-        mapped = _Mapped(lease.pid, lease.state, lease.state.numpy(), {})
+        mapped = _Mapped(lease.pid, lease.state.numpy(), {})
         self.pools[lease.pool] = mapped
         mapped.view[2 * SLOTS] = 1  # the worker sends its state no more
         return mapped
@@ -194,8 +194,8 @@ _pool: _Pool | None = None
 
 
 def worker_pool() -> _Pool | None:
-    """This DataLoader worker's pool (made on first use); None outside a worker, unless `start_pool` made one
-    in this process."""
+    """This DataLoader worker's pool (made on first use); None outside a worker, unless `pooled_as_a_worker`
+    made one in this process."""
     global _pool
     if _pool is not None and _pool.pid == os.getpid():
         return _pool
@@ -205,16 +205,10 @@ def worker_pool() -> _Pool | None:
     return _pool
 
 
-def start_pool() -> None:
-    """Hand batches over as a worker does from this process, which is none (project/bench/stages.py)."""
-    global _pool
-    _pool = _Pool()
-
-
 @contextlib.contextmanager
 def pooled_as_a_worker() -> Iterator[None]:
-    """Within: this process's batches are made in a pool of reused buffers, as a worker's are
-    (project/bench/stages.py times `collate` so; `released` frees each buffer as the trainer's receipt would)."""
+    """Within: this process, which is no DataLoader worker, makes and hands over its batches in a pool of reused
+    buffers as a worker does (project/bench/stages.py; `released` frees a buffer as the trainer's receipt would)."""
     global _pool
     before, _pool = _pool, _Pool()
     try:
