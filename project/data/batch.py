@@ -1,7 +1,7 @@
 """What every batch carries, whatever the task: its samples' keys and shards, and the samples left out of it.
 
 A task's batch is a dataclass that extends `Batch` with its own tensors (`ImageBatch` adds `image` and
-`label`). Lightning moves dataclasses to the device field by field, and the DataLoader pins them through
+`label`). Lightning moves a batch to the device through its `to`, and the DataLoader pins it through
 `pin_memory`, so a typed batch costs nothing over a dict.
 """
 
@@ -13,10 +13,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from project.data.shared import Lease, leased
 
 INLINE_BYTES = 256 * 1024  # tensors up to this size cross from a worker inside the pickle, not through shared memory
+BLOCKING_DEVICE_TYPES = ("cpu", "mps")  # copies to these are not issued non-blocking (as Lightning's own transfer)
+PLAIN = (str, bytes, int, float, bool, type(None))  # what a batch's other fields hold: nothing to move
 
 
 class Skipped(NamedTuple):
@@ -74,6 +77,23 @@ class Batch:
             lease.release()
         self.__dict__.update(state)
 
+    def to(self, device: torch.device | str) -> Batch:
+        """A copy with its tensors on `device`. Lightning moves a batch through this one call; without it, its
+        generic transfer walks every key and url of the batch (1 ms a step on a CPU). Fields that are neither
+        tensors nor plain values (a task's own nested tensors) are moved as Lightning would move them."""
+        device = torch.device(device)
+        non_blocking = device.type not in BLOCKING_DEVICE_TYPES
+        moved = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, torch.Tensor):
+                moved[item.name] = value.to(device, non_blocking=non_blocking)
+            elif not _plain(value):
+                moved[item.name] = move_data_to_device(value, device)
+        copy = object.__new__(type(self))  # not copy.copy: that would pickle through __getstate__
+        copy.__dict__.update(self.__dict__, **moved)
+        return copy
+
     def pin_memory(self) -> Batch:
         """A copy whose tensors are in page-locked memory (the DataLoader calls this with pin_memory=True)."""
         pinned = {
@@ -82,6 +102,13 @@ class Batch:
             if isinstance(value := getattr(self, item.name), torch.Tensor)
         }
         return dataclasses.replace(self, **pinned)
+
+
+def _plain(value: Any) -> bool:
+    """A value with no tensor to move: a plain value, or a list or tuple of them (keys, urls, skipped samples)."""
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(item, (*PLAIN, Skipped)) for item in value)
+    return isinstance(value, PLAIN)
 
 
 class _Inline(NamedTuple):
