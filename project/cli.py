@@ -29,6 +29,7 @@ from project.commands import command_line, started_as
 from project.data.datamodule import ShardDataModule
 from project.data.outputs import check_run_outputs
 from project.errors import UserError, allocation_failure, causes, largest_settings, user_error_in
+from project.heap import keep_freed_memory
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -178,6 +179,7 @@ class ProjectCLI(LightningCLI):
             ) from None
         if isinstance(self.trainer.accelerator, CPUAccelerator):
             share_cores_with_workers(loader_threads(self.datamodule), self.trainer.num_devices)
+            keep_freed_memory()  # steps reuse their memory rather than fault it in afresh (project/heap.py)
 
     def _resume_latest_run(self) -> None:
         """`--ckpt_path last`: the newest version_N of this experiment that has a last.ckpt, logging into
