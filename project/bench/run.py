@@ -21,8 +21,9 @@ configs/default.yaml:
       of the largest worker, an upper bound of their simultaneous total;
   (e) training samples/s of the template (the Lightning Trainer, ImageClassifier and ShardDataModule as
       `project.train` builds them) against a minimal hand-written PyTorch loop (forward, loss, backward,
-      AdamW step) on the same model and the same batches, timed from the end of the first step; both
-      with the intra-op threads the workers leave (cores - N, at least 1);
+      AdamW step) on the same model and the same batches, timed from the end of the first step over
+      `--steps` (150: a repeat of 60 moved by ±0.1 on a 2-core machine); both with the intra-op threads the
+      workers leave (cores - N, at least 1), in an order that alternates between repeats;
   (f) webdataset's own pipeline (WebDataset + WebLoader, as its README builds it) on the same shards,
       running the naive path in N workers (benchmarks/peers.py adds litdata and mosaicml-streaming);
   (g) where (b)'s CPU time goes: each stage of its epoch alone in one thread (read and group, shuffle, decode,
@@ -65,7 +66,7 @@ from project.bench.shuffle import entropy_ratio
 from project.bench.stages import STAGES, stage_costs
 from project.bench.summary import summarize, table
 from project.bench.text import ensure_text_demo, measure_text, summarize_text, text_table
-from project.bench.training import template_rate
+from project.bench.training import paired_rates
 from project.callbacks.threads import USER_THREADS, fixed_threads
 from project.cli import DEFAULT_CONFIG
 from project.commands import run_command
@@ -141,9 +142,11 @@ def measure(args: SimpleNamespace, scratch: Path) -> dict:
     with fixed_thread_count(workers):
         for repeat in range(args.repeats):
             logs = scratch / f"logs{repeat}"
-            template, hand_loop = template_rate(args.data, index, workers, args.steps, logs=logs, image_size=size)
+            template, hand_loop = paired_rates(
+                args.data, index, workers, args.steps, logs=logs, image_size=size, hand_first=repeat % 2 == 1
+            )
             runs["template"].append(template)
-            runs["hand_loop"].append(hand_loop())
+            runs["hand_loop"].append(hand_loop)
         training_threads = torch.get_num_threads()
     return {
         "data": str(args.data),
@@ -186,7 +189,7 @@ def options(
     json: bool = False,
     repeats: int = 3,
     samples: int = 20000,
-    steps: int = 60,
+    steps: int = 150,
     image_size: int | None = None,
     quick: bool = False,
 ) -> SimpleNamespace:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,19 +57,26 @@ def template_run(root: str, index: Path, workers: int, steps: int, *, logs: Path
     return ProjectCLI(args=args)
 
 
-def template_rate(
-    root: str, index: Path, workers: int, steps: int, *, logs: Path, image_size: int
-) -> tuple[float, Callable[[], float]]:
-    """Samples/s of the template, and a function that runs the hand loop on a copy of the same model
-    and a fresh copy of the same data module (so the same batches) and returns its samples/s."""
+def paired_rates(
+    root: str, index: Path, workers: int, steps: int, *, logs: Path, image_size: int, hand_first: bool = False
+) -> tuple[float, float]:
+    """Samples/s of the template, and of the hand loop on a copy of the same model and a fresh copy of the same
+    data module (so the same batches), run one after the other; `hand_first` swaps their order, so that repeats
+    alternating it share out any drift of the machine between the two alike."""
     cli = template_run(root, index, workers, steps, logs=logs, image_size=image_size)
     model, data = copy.deepcopy(cli.model), copy.deepcopy(cli.datamodule)
-    clock = StepClock()
-    cli.trainer.callbacks.append(clock)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    device = cli.trainer.strategy.root_device
-    lr = cli.model.hparams.lr
-    return steady_rate(clock.times, data.batch_size), lambda: hand_loop_rate(model, data, steps, device, lr)
+    device, lr = cli.trainer.strategy.root_device, cli.model.hparams.lr
+
+    def template() -> float:
+        clock = StepClock()
+        cli.trainer.callbacks.append(clock)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        return steady_rate(clock.times, data.batch_size)
+
+    if hand_first:
+        hand = hand_loop_rate(model, data, steps, device, lr)
+        return template(), hand
+    return template(), hand_loop_rate(model, data, steps, device, lr)
 
 
 def hand_loop_rate(model: torch.nn.Module, data, steps: int, device: torch.device, lr: float) -> float:  # noqa: ANN001
