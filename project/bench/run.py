@@ -187,7 +187,7 @@ def options(
     data: str | None = None,
     workers: int = 2,
     json: bool = False,
-    repeats: int = 3,
+    repeats: int = 5,
     samples: int = 20000,
     steps: int = 150,
     image_size: int | None = None,
@@ -200,7 +200,7 @@ def options(
         data: a folder with a train/ split (default: the task's demo).
         workers: DataLoader workers and decoding/tokenizing processes.
         json: end with one line of JSON: figures and ratios.
-        repeats: repeats of each measurement (medians).
+        repeats: repeats of each measurement (medians; a repeat of (e) moves by a few percent on a CPU).
         samples: training samples the loaders read.
         steps: training steps of (e).
         image_size: training image size (default: the config's).
