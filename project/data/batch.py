@@ -90,9 +90,7 @@ class Batch:
                 moved[item.name] = value.to(device, non_blocking=non_blocking)
             elif not _plain(value):
                 moved[item.name] = move_data_to_device(value, device)
-        copy = object.__new__(type(self))  # not copy.copy: that would pickle through __getstate__
-        copy.__dict__.update(self.__dict__, **moved)
-        return copy
+        return self._with(moved)
 
     def pin_memory(self) -> Batch:
         """A copy whose tensors are in page-locked memory (the DataLoader calls this with pin_memory=True)."""
@@ -101,7 +99,15 @@ class Batch:
             for item in dataclasses.fields(self)
             if isinstance(value := getattr(self, item.name), torch.Tensor)
         }
-        return dataclasses.replace(self, **pinned)
+        return self._with(pinned)
+
+    def _with(self, changes: dict[str, Any]) -> Batch:
+        """A copy with `changes` to its fields. Not through __init__ (dataclasses.replace): a task's field declared
+        init=False could not be given, and its __post_init__ would run again; nor copy.copy, which would pickle
+        through __getstate__."""
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__, **changes)
+        return copy
 
 
 def _plain(value: Any) -> bool:
