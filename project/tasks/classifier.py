@@ -63,7 +63,8 @@ class Classifier(CheckedLoading, L.LightningModule):
     """The metrics, reports and optimization of a classifier. Its subclass's hyperparameters (saved with
     `save_hyperparameters`) must include num_classes, class_names, optimizer, lr, momentum, weight_decay,
     schedule, warmup_fraction and label_smoothing. It has a `head` that maps `features(batch)` to logits. Its
-    `load_from_checkpoint` checks a stranger's checkpoint before Lightning rebuilds the model (loading.py)."""
+    `load_from_checkpoint` checks a stranger's checkpoint before Lightning rebuilds the model (loading.py). A subclass
+    that overrides one of its hooks calls the hook of `super()`: train/acc is logged in `on_train_epoch_end`."""
 
     head: nn.Module
 
