@@ -90,6 +90,7 @@ def test_device_decoding_gives_the_cpu_decoders_images(tmp_path):
         decoded, skipped = data.device_decoder(encoded)
         assert skipped == [] and type(decoded) is ImageBatch
         assert decoded.keys == cpu.keys == keys and torch.equal(decoded.label, cpu.label)
+        assert decoded.urls == cpu.urls and len(decoded.urls) == 9  # each row's shard, as the CPU path gives
         assert decoded.image.dtype == torch.uint8 and decoded.image.shape == cpu.image.shape
         assert mean_difference(decoded.image, cpu.image) < 1.5
 
@@ -117,6 +118,7 @@ def test_undecodable_and_non_jpeg_images_fall_back_to_the_cpu_and_are_reported(t
         image_rows=[1],
         label=torch.tensor([1, 0, 2, 1]),
         keys=["good", "png", "bad", "good2"],
+        urls=["a.tar", "p.tar", "b.tar", "c.tar"],
         jpegs=[good, b"\xff\xd8\xff" + b"broken" * 10, good],
         jpeg_rows=[0, 2, 3],
         jpeg_urls=["a.tar", "b.tar", "c.tar"],
@@ -124,6 +126,7 @@ def test_undecodable_and_non_jpeg_images_fall_back_to_the_cpu_and_are_reported(t
     )
     decoded, skipped = decoder(batch)
     assert decoded.keys == ["good", "png", "good2"] and decoded.label.tolist() == [1, 0, 1]
+    assert decoded.urls == ["a.tar", "p.tar", "c.tar"]
     assert [(url, key) for url, key, _ in skipped] == [("b.tar", "bad")] and decoded.skipped == skipped
     assert decoded.image.shape == (3, 3, 8, 8) and decoded.image[1].eq(77).all()
     again, _ = decoder(batch)

@@ -77,6 +77,7 @@ class DeviceDecoder:
             image=image,
             label=batch.label[keep],
             keys=[batch.keys[row] for row in order],
+            urls=[batch.urls[row] for row in order] if batch.urls else [],  # predict's rows name their shards
             skipped=[*batch.skipped, *skipped],
         )
         return result, skipped
