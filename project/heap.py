@@ -5,7 +5,9 @@ glibc returns the free memory at the top of its heap to the kernel once it passe
 itself from the process's history. A step's activations are freed together at its end, so whether they pass it
 varied from run to run: on the demo's CPU training, 0, 2,000 or 4,000 page faults a step in backward (each 4 KB,
 1 ms a thousand), which made one run 10% slower than the next (benchmarks/README.md). Fixing both thresholds
-keeps what a step freed: the process holds its peak memory, as a GPU's caching allocator does. jemalloc or
+keeps what a step freed: the process holds its peak memory, as a GPU's caching allocator does. Blocks over 32 MB
+(glibc's largest mmap threshold: larger images' activations) still come from mmap each time; the README's recipe
+for them (MALLOC_MMAP_MAX_=0) trades peak memory for speed, so it is the user's to choose. jemalloc or
 tcmalloc (LD_PRELOAD) do the same and are left alone, as are a user's own settings (MALLOC_*, or GLIBC_TUNABLES's
 glibc.malloc.*).
 """
