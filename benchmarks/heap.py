@@ -23,31 +23,30 @@ from types import SimpleNamespace
 from typing import Literal
 
 from project.commands import run_command
+from project.heap import TRIM_THRESHOLD
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 ARMS = ("kept", "glibc", "no_mmap")
-NO_MMAP = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}  # the README's recipe
+NO_MMAP = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}  # the README's recipe
 
 
 def one_run(data: str, workers: int, steps: int, image_size: int, keep: bool) -> dict:
     """In this process: the template's fit on the demo's training split, with or without the setting."""
     import project.cli
     from project.bench.run import fixed_thread_count
-    from project.bench.training import StepClock, steady_rate, template_run
+    from project.bench.training import fit_rate, template_run
 
     if not keep:
         project.cli.keep_freed_memory = lambda: False  # glibc's own thresholds, as before the setting
     with tempfile.TemporaryDirectory(prefix="heap-") as logs, fixed_thread_count(workers):
         cli = template_run(data, Path(data) / "train", workers, steps, logs=Path(logs), image_size=image_size)
-        clock = StepClock()
-        cli.trainer.callbacks.append(clock)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        rate = fit_rate(cli)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-    return {"rate": steady_rate(clock.times, cli.datamodule.batch_size), "faults": faults / steps, "peak_mb": peak_mb}
+    return {"rate": rate, "faults": faults / steps, "peak_mb": peak_mb}
 
 
 def options(

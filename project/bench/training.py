@@ -66,17 +66,18 @@ def paired_rates(
     cli = template_run(root, index, workers, steps, logs=logs, image_size=image_size)
     model, data = copy.deepcopy(cli.model), copy.deepcopy(cli.datamodule)
     device, lr = cli.trainer.strategy.root_device, cli.model.hparams.lr
-
-    def template() -> float:
-        clock = StepClock()
-        cli.trainer.callbacks.append(clock)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-        return steady_rate(clock.times, data.batch_size)
-
     if hand_first:
         hand = hand_loop_rate(model, data, steps, device, lr)
-        return template(), hand
-    return template(), hand_loop_rate(model, data, steps, device, lr)
+        return fit_rate(cli), hand
+    return fit_rate(cli), hand_loop_rate(model, data, steps, device, lr)
+
+
+def fit_rate(cli: ProjectCLI) -> float:
+    """Samples/s of the CLI's fit, timed from the end of its first step."""
+    clock = StepClock()
+    cli.trainer.callbacks.append(clock)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return steady_rate(clock.times, cli.datamodule.batch_size)
 
 
 def hand_loop_rate(model: torch.nn.Module, data, steps: int, device: torch.device, lr: float) -> float:  # noqa: ANN001
